@@ -1,0 +1,33 @@
+"""Which architecture the kernels run on, named as the tuned tables are named."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+INTERPRETER_ARCH = "interp"
+
+
+def interpreter_active() -> bool:
+    """True when Triton runs kernels on the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=None)
+def current_arch() -> str:
+    """``sm_90`` on an H100/H200, ``gfx942``-style names on AMD, ``interp`` on the CPU interpreter."""
+    if interpreter_active() or not torch.cuda.is_available():
+        return INTERPRETER_ARCH
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if torch.version.hip:
+        return props.gcnArchName.split(":")[0]
+    return f"sm_{props.major}{props.minor}"
+
+
+def kernel_device() -> torch.device:
+    """The device kernel inputs live on: the GPU, or the CPU under the interpreter."""
+    if current_arch() == INTERPRETER_ARCH:
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())

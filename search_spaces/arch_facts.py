@@ -1,0 +1,32 @@
+"""Per-arch hardware facts that search-space constraints are written against.
+
+Values are the per-block limits a Triton kernel can use: shared memory (opt-in maximum
+per block), warp/wavefront size and the register ceiling per thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ARCH_FACTS: dict[str, dict[str, Any]] = {
+    "sm_80": {"backend": "cuda", "smem_bytes": 166_912, "warp_size": 32, "max_regs_per_thread": 255},
+    "sm_89": {"backend": "cuda", "smem_bytes": 101_376, "warp_size": 32, "max_regs_per_thread": 255},
+    "sm_90": {"backend": "cuda", "smem_bytes": 232_448, "warp_size": 32, "max_regs_per_thread": 255},
+    "sm_100": {"backend": "cuda", "smem_bytes": 232_448, "warp_size": 32, "max_regs_per_thread": 255},
+    "gfx942": {"backend": "hip", "smem_bytes": 65_536, "warp_size": 64, "max_regs_per_thread": 512},
+    "gfx950": {"backend": "hip", "smem_bytes": 163_840, "warp_size": 64, "max_regs_per_thread": 512},
+    # The CPU interpreter has no hardware limits; constraints see generous values.
+    "interp": {"backend": "interp", "smem_bytes": 1 << 30, "warp_size": 32, "max_regs_per_thread": 1 << 20},
+}
+
+
+class UnknownArchError(KeyError):
+    """An arch name this project has no facts for."""
+
+
+def arch_facts(arch: str) -> dict[str, Any]:
+    """Facts of ``arch``; a clear error listing the known archs otherwise."""
+    try:
+        return ARCH_FACTS[arch]
+    except KeyError:
+        raise UnknownArchError(f"unknown arch {arch!r}; known: {sorted(ARCH_FACTS)}") from None

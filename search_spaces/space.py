@@ -1,0 +1,142 @@
+"""Declarative search spaces: launch parameters, per-backend compiler knobs, constraints.
+
+Each kernel's default space is a YAML file ``search_spaces/<kernel>.yaml`` (format in the
+README). Constraints are Python expressions evaluated with no builtins over the config,
+the shape fields and the arch facts, so impossible configs are pruned before a worker
+ever compiles them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from search_spaces.arch_facts import arch_facts
+
+SPACES_DIR = Path(__file__).resolve().parent
+BACKENDS = ("cuda", "hip", "interp")
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+EXPRESSION_FUNCTIONS = {"next_pow2": next_pow2, "cdiv": cdiv, "min": min, "max": max, "log2": math.log2}
+
+
+class SpaceError(ValueError):
+    """A search space file or override that cannot be used."""
+
+
+class SearchSpace(BaseModel):
+    """The launch parameters of one kernel, with their choices and constraints."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kernel: str
+    params: dict[str, list[Any]]
+    knobs: dict[str, dict[str, list[Any]]] = Field(default_factory=dict)
+    constraints: list[str] = Field(default_factory=list)
+    shared_memory_bytes: str = "0"
+
+    @field_validator("params")
+    @classmethod
+    def _nonempty_choices(cls, params: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for name, choices in params.items():
+            if not choices:
+                raise ValueError(f"parameter {name!r} has no choices")
+        return params
+
+    @field_validator("knobs")
+    @classmethod
+    def _known_backends(cls, knobs: dict[str, dict[str, list[Any]]]) -> dict[str, dict[str, list[Any]]]:
+        unknown = set(knobs) - set(BACKENDS)
+        if unknown:
+            raise ValueError(f"unknown backends {sorted(unknown)}; use {list(BACKENDS)}")
+        return knobs
+
+    @field_validator("constraints")
+    @classmethod
+    def _compilable(cls, constraints: list[str]) -> list[str]:
+        for expression in constraints:
+            try:
+                compile(expression, "<constraint>", "eval")
+            except SyntaxError as exc:
+                raise ValueError(f"constraint {expression!r} is not a Python expression: {exc.msg}") from None
+        return constraints
+
+    @cached_property
+    def _compiled(self) -> list[tuple[str, Any]]:
+        return [(e, compile(e, "<constraint>", "eval")) for e in self.constraints]
+
+    def dimensions(self, arch: str) -> dict[str, list[Any]]:
+        """Every tunable of this space on ``arch``: the params plus that backend's knobs."""
+        return {**self.params, **self.knobs.get(arch_facts(arch)["backend"], {})}
+
+    def size(self, arch: str) -> int:
+        return math.prod(len(c) for c in self.dimensions(arch).values())
+
+    def grid(self, arch: str) -> list[dict[str, Any]]:
+        """The full cartesian product of choices on ``arch``, before constraints."""
+        dims = self.dimensions(arch)
+        return [dict(zip(dims, values)) for values in itertools.product(*dims.values())]
+
+    def violation(self, config: dict[str, Any], shape: dict[str, int], arch: str) -> str | None:
+        """Why ``config`` cannot run at ``shape`` on ``arch``, or None when it can."""
+        facts = arch_facts(arch)
+        names = {**EXPRESSION_FUNCTIONS, **facts, **shape, **config}
+        for text, code in self._compiled:
+            if not eval(code, {"__builtins__": {}}, names):  # noqa: S307 - expressions from space files
+                return f"constraint violated: {text}"
+        smem = eval(compile(self.shared_memory_bytes, "<smem>", "eval"), {"__builtins__": {}}, names)  # noqa: S307
+        if smem > facts["smem_bytes"]:
+            return f"needs {smem} B shared memory > {facts['smem_bytes']} B on {arch}"
+        return None
+
+    def with_overrides(self, overrides: dict[str, list[Any]]) -> SearchSpace:
+        """A copy whose named params/knobs take the given choices; unknown names are an error."""
+        params = dict(self.params)
+        knobs = {b: dict(k) for b, k in self.knobs.items()}
+        for name, choices in overrides.items():
+            if not isinstance(choices, list) or not choices:
+                raise SpaceError(f"override of {name!r} must be a non-empty list of choices")
+            if name in params:
+                params[name] = choices
+                continue
+            backends = [b for b, k in knobs.items() if name in k]
+            if not backends:
+                known = sorted({*params, *(n for k in knobs.values() for n in k)})
+                raise SpaceError(f"{name!r} is not a parameter of {self.kernel}; known: {known}")
+            for backend in backends:
+                knobs[backend][name] = choices
+        return self.model_copy(update={"params": params, "knobs": knobs})
+
+
+def space_dirs() -> list[Path]:
+    """Folders searched for ``<kernel>.yaml``: ``TUNER_SPACES_PATH`` entries, then this package."""
+    extra = [Path(p) for p in os.environ.get("TUNER_SPACES_PATH", "").split(os.pathsep) if p]
+    return [*extra, SPACES_DIR]
+
+
+def load_space(kernel: str) -> SearchSpace:
+    """The default search space of ``kernel``: the first ``<kernel>.yaml`` in ``space_dirs()``."""
+    candidates = [d / f"{kernel}.yaml" for d in space_dirs()]
+    path = next((c for c in candidates if c.exists()), None)
+    if path is None:
+        raise SpaceError(f"no search space for kernel {kernel!r} (looked for {[str(c) for c in candidates]})")
+    try:
+        data = yaml.safe_load(path.read_text())
+        return SearchSpace.model_validate(data)
+    except (yaml.YAMLError, ValueError) as exc:
+        raise SpaceError(f"{path}: {exc}") from None

@@ -1,0 +1,59 @@
+"""Test set-up: the CPU interpreter when there is no GPU, the fault-probe kernel, a fresh DB."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Before anything imports triton: kernels run on the CPU interpreter unless a GPU is present.
+try:
+    import torch
+
+    _has_gpu = torch.cuda.is_available()
+except ImportError:  # pragma: no cover
+    _has_gpu = False
+if not _has_gpu:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ["TUNER_KERNEL_MODULES"] = "tests.fault_probe"
+os.environ["TUNER_SPACES_PATH"] = str(ROOT / "tests" / "spaces")
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+sys.path.insert(0, str(ROOT))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--postgres-url", default=os.environ.get("TUNER_TEST_POSTGRES_URL"),
+                     help="run the database tests against this PostgreSQL server too")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "db_url" in metafunc.fixturenames:
+        urls = ["sqlite"]
+        if metafunc.config.getoption("--postgres-url"):
+            urls.append("postgresql")
+        metafunc.parametrize("db_backend", urls)
+
+
+@pytest.fixture
+def db_url(db_backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A URL to an empty database: a SQLite file, or a fresh schema-less PostgreSQL database."""
+    if db_backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'tuner.db'}"
+        return
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    base = request.config.getoption("--postgres-url")
+    name = f"tuner_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield base.rsplit("/", 1)[0] + "/" + name
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()

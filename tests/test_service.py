@@ -1,0 +1,150 @@
+"""The sweep service end to end on the CPU: queue -> serve (local Ray) -> DB -> export -> lookup.
+
+Sweeps run the real path: the ``tuner`` CLI in a subprocess, a local Ray with 2 CPUs,
+a device worker with its benchmarking child under ``TRITON_INTERPRET=1``, the SQL
+database, the exporter and ``kernels.tuning.resolve``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import select
+
+from db import Sweep, Trial, open_database, session_scope
+
+FAST_TIMING = {"warmup_ms": 1, "rep_ms": 5, "retime_rounds": 2, "retime_top": 3, "trial_timeout_s": 20}
+
+
+def tuner(*args: str, db: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TUNER_DB_URL": db, "RAY_ADDRESS": ""}
+    proc = subprocess.run([sys.executable, "-m", "tuner.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"tuner {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def write_spec(tmp_path: Path, name: str, **spec) -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def trials_of(db: str, sweep_id: int) -> list[Trial]:
+    with session_scope(open_database(db)) as session:
+        return list(session.scalars(select(Trial).where(Trial.sweep_id == sweep_id).order_by(Trial.id)).all())
+
+
+def test_faulty_configs_are_recorded_and_the_sweep_completes(tmp_path, db_url):
+    spec = write_spec(tmp_path, "faults.yaml", kernel="fault_probe", shapes=[{"n": 100}],
+                      strategy={"name": "grid", "seed": 1}, timing={**FAST_TIMING, "trial_timeout_s": 8})
+    proc = tuner("sweep", "run", str(spec), db=db_url)
+    assert "sweep 1: done" in proc.stdout
+    rows = trials_of(db_url, 1)
+    by_mode = {(r.config["MODE"], r.config["BLOCK"]): r for r in rows}
+    assert len(by_mode) == len(rows) == 8  # the whole 4x2 grid, each config once
+    assert by_mode[("crash", 16)].status == "crash" and "SIGSEGV" in by_mode[("crash", 16)].error
+    assert by_mode[("hang", 16)].status == "timeout"
+    assert by_mode[("wrong", 16)].status == "wrong" and "out of tolerance" in by_mode[("wrong", 16)].error
+    assert {by_mode[(m, 32)].status for m in ("crash", "hang", "wrong")} == {"pruned"}
+    for block in (16, 32):
+        ok = by_mode[("ok", block)]
+        assert ok.status == "ok" and ok.median_ms > 0 and ok.p20_ms <= ok.median_ms <= ok.p80_ms and ok.reps >= 3
+        assert ok.host and ok.versions["triton"]
+    winners = [r for r in rows if r.is_winner]
+    assert len(winners) == 1 and winners[0].config["MODE"] == "ok" and winners[0].retime_ms is not None
+
+    status = tuner("sweep", "status", "1", db=db_url).stdout
+    assert "n=100" in status and "done" in status
+
+    out = tmp_path / "tables"
+    tuner("export", "--arch", "interp", "--out", str(out), db=db_url)
+    table = json.loads((out / "interp.json").read_text())
+    assert table["schema_version"] == 1 and table["provenance"]["sweep_ids"] == [1]
+    exported = table["entries"]["fault_probe"]["n=100"]
+    assert exported["config"] == winners[0].config and exported["trial_id"] == winners[0].id
+
+    lookup = subprocess.run(
+        [sys.executable, "-c", "from kernels.tuning import resolve; import json; print(json.dumps(resolve('fault_probe', {'n': 100})))"],
+        env={**os.environ, "TUNER_TABLES_DIR": str(out)}, capture_output=True, text=True, check=True)
+    config, source = json.loads(lookup.stdout)
+    assert source == "table" and config == winners[0].config
+
+    # The same spec again: every measured identity is answered from the database.
+    tuner("sweep", "run", str(spec), db=db_url)
+    again = trials_of(db_url, 2)
+    assert all("reused_from" in r.metrics for r in again if r.status != "pruned")
+    assert Counter(r.status for r in again) == Counter(r.status for r in rows)
+
+
+def test_killed_server_loses_nothing_and_reruns_nothing(tmp_path, db_url):
+    spec = write_spec(tmp_path, "slow.yaml", kernel="fault_probe", shapes=[{"n": 100}], space={"MODE": ["ok"],
+                      "BLOCK": [16, 32, 64, 128, 256]}, strategy={"name": "grid"},
+                      timing={**FAST_TIMING, "rep_ms": 1500, "retime_top": 1})
+    sweep_id = int(tuner("sweep", "queue", str(spec), db=db_url).stdout.strip())
+    env = {**os.environ, "TUNER_DB_URL": db_url, "RAY_ADDRESS": ""}
+    server = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--drain"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not trials_of(db_url, sweep_id):
+            assert server.poll() is None and time.monotonic() < deadline, "server finished no trial"
+            time.sleep(0.5)
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)  # the server, its Ray and its workers, mid-sweep
+        server.wait()
+    before = trials_of(db_url, sweep_id)
+    assert 1 <= len(before) < 5
+    with session_scope(open_database(db_url)) as session:
+        assert session.get(Sweep, sweep_id).status == "running"
+
+    proc = tuner("serve", "--drain", "--lease-seconds", "1", db=db_url)
+    assert f"sweep {sweep_id}: done" in proc.stdout
+    after = trials_of(db_url, sweep_id)
+    assert [r.id for r in after[: len(before)]] == [r.id for r in before]  # nothing lost
+    measured = Counter(r.identity for r in after if "reused_from" not in r.metrics)
+    assert len(measured) == 5 and max(measured.values()) == 1  # every config measured exactly once
+    assert sum(r.is_winner for r in after) == 1
+
+
+BAD_SPECS = [
+    ({"kernel": "nope", "shapes": [{"n": 1}]}, "unknown kernel 'nope'"),
+    ({"kernel": "fault_probe", "shapes": "v4-ultra"}, "unknown preset 'v4-ultra'"),
+    ({"kernel": "fault_probe", "shapes": [{"m": 3}]}, "shapes[0]"),
+    ({"kernel": "fault_probe", "shapes": [{"n": 100}], "strategy": {"name": "annealing"}}, "strategy.name"),
+    ({"kernel": "fault_probe", "shapes": [{"n": 100}], "strategy": {"name": "tpe"}}, "needs max_trials"),
+    ({"kernel": "fault_probe", "shapes": [{"n": 100}], "space": {"BLOCK_Q": [1]}}, "'BLOCK_Q' is not a parameter"),
+    ({"kernel": "fault_probe", "shapes": [{"n": 100}], "budget": {"max_trials": -3}}, "budget.max_trials"),
+    ({"kernel": "fault_probe", "shapes": [{"n": 100}], "arch": "sm_1"}, "unknown arch 'sm_1'"),
+    ({"kernel": "fault_probe", "shapes": [{"n": 100}], "timing": {"rep_ms": "x"}}, "timing.rep_ms"),
+]
+
+
+@pytest.mark.parametrize("spec,message", BAD_SPECS)
+def test_bad_spec_is_rejected_with_field_and_reason(tmp_path, spec, message):
+    db = f"sqlite:///{tmp_path / 'tuner.db'}"
+    proc = tuner("sweep", "queue", str(write_spec(tmp_path, "bad.yaml", **spec)), db=db, check=False)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+    with session_scope(open_database(db)) as session:
+        assert session.scalars(select(Sweep)).all() == []
+
+
+def test_unreadable_spec_and_bad_arguments_exit_2(tmp_path):
+    db = f"sqlite:///{tmp_path / 'tuner.db'}"
+    (tmp_path / "broken.yaml").write_text("kernel: [unclosed")
+    for args in (["sweep", "queue", str(tmp_path / "missing.yaml")], ["sweep", "queue", str(tmp_path / "broken.yaml")],
+                 ["sweep", "status", "42"], ["sweep", "status", "abc"], ["export", "--arch", "sm_90"]):
+        proc = tuner(*args, db=db, check=False)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr

@@ -1,0 +1,70 @@
+"""Rich rendering for the CLI: progress bars for running sweeps, tables for sweeps and tuned tables."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from db import Sweep, Trial
+from tuner.runner import ProgressFn
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def sweep_progress() -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("best {task.fields[best]}"), TimeElapsedColumn(), console=console)
+
+
+def progress_callback(progress: Progress, sweep_id: int, kernel: str) -> ProgressFn:
+    """A runner callback that keeps one bar per shape of the sweep."""
+    tasks: dict[str, Any] = {}
+
+    def update(shape_key: str, done: int, total: int, best_ms: float | None) -> None:
+        best = f"{best_ms:.4f} ms" if best_ms is not None else "-"
+        if shape_key not in tasks:
+            tasks[shape_key] = progress.add_task(f"sweep {sweep_id} {kernel} {shape_key}", total=total, best=best)
+        progress.update(tasks[shape_key], completed=done, total=total, best=best)
+
+    return update
+
+
+def sweeps_table(sweeps: list[Sweep], counts: dict[int, Counter]) -> Table:
+    table = Table("id", "kernel", "arch", "status", "trials", "created", "owner")
+    for s in sweeps:
+        c = counts.get(s.id, Counter())
+        summary = ", ".join(f"{k} {v}" for k, v in sorted(c.items())) or "-"
+        table.add_row(str(s.id), s.kernel, s.arch, s.status, summary,
+                      s.created_at.strftime("%Y-%m-%d %H:%M:%S"), s.owner or "-")
+    return table
+
+
+def status_table(sweep: Sweep, trials: list[Trial], budgets: dict[str, int]) -> Table:
+    table = Table("shape", "ok", "failed", "pruned", "remaining", "best ms", "best config",
+                  title=f"sweep {sweep.id}: {sweep.kernel} on {sweep.arch} ({sweep.status})")
+    for key, budget in budgets.items():
+        rows = [t for t in trials if t.shape_key == key]
+        ok = [t for t in rows if t.status == "ok"]
+        pruned = sum(t.status == "pruned" for t in rows)
+        failed = len(rows) - len(ok) - pruned
+        best = min(ok, key=lambda t: t.median_ms, default=None)
+        table.add_row(key, str(len(ok)), str(failed), str(pruned), str(max(budget - len(ok) - failed, 0)),
+                      f"{best.median_ms:.4f}" if best else "-", json.dumps(best.config) if best else "-")
+    return table
+
+
+def tuned_table(table: dict[str, Any]) -> Table:
+    prov = table["provenance"]
+    out = Table("kernel", "shape", "config", "median ms", "GB/s", "sweep",
+                title=f"{table['arch']}: {', '.join(prov['devices']) or '?'} (exported {prov['exported_at']})")
+    for kernel, entries in sorted(table["entries"].items()):
+        for shape, e in sorted(entries.items()):
+            out.add_row(kernel, shape, json.dumps(e["config"]), f"{e['median_ms']:.4f}",
+                        f"{e['gbps']:.0f}" if e.get("gbps") else "-", str(e["sweep_id"]))
+    return out

@@ -1,0 +1,83 @@
+"""Export per-arch tuned tables from the database, with provenance.
+
+Per (kernel, shape) the entry is the newest re-timing winner among ``ok`` trials of that
+arch, else the fastest ``ok`` trial. ``wrong`` configs can never be exported: only ``ok``
+rows are read. The file is written to a temporary name and renamed, so a reader never
+sees half a table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from db import Trial, TrialStatus, session_scope
+from kernels.tuning import TABLE_SCHEMA_VERSION, table_path
+
+
+class NothingToExport(LookupError):
+    pass
+
+
+def best_trials(engine: Engine, arch: str) -> list[Trial]:
+    """The chosen trial per (kernel, shape_key) for ``arch``."""
+    with session_scope(engine) as session:
+        rows = session.scalars(
+            select(Trial).where(Trial.arch == arch, Trial.status == TrialStatus.ok.value)
+        ).all()
+    chosen: dict[tuple[str, str], Trial] = {}
+    for row in rows:
+        key = (row.kernel, row.shape_key)
+        current = chosen.get(key)
+        rank = (row.is_winner, row.sweep_id if row.is_winner else 0, -row.median_ms)
+        if current is None or rank > (current.is_winner, current.sweep_id if current.is_winner else 0, -current.median_ms):
+            chosen[key] = row
+    return [chosen[k] for k in sorted(chosen)]
+
+
+def build_table(trials: list[Trial], arch: str) -> dict[str, Any]:
+    entries: dict[str, dict[str, Any]] = {}
+    for t in trials:
+        entries.setdefault(t.kernel, {})[t.shape_key] = {
+            "config": t.config, "median_ms": t.median_ms, "retime_ms": t.retime_ms,
+            "gbps": t.metrics.get("gbps"), "sweep_id": t.sweep_id, "trial_id": t.id, "identity": t.identity,
+        }
+    return {
+        "schema_version": TABLE_SCHEMA_VERSION,
+        "arch": arch,
+        "provenance": {
+            "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "devices": sorted({t.gpu_name for t in trials if t.gpu_name}),
+            "sm_counts": sorted({t.sm_count for t in trials if t.sm_count}),
+            "hosts": sorted({t.host for t in trials if t.host}),
+            "toolchains": [dict(v) for v in sorted({tuple(sorted(t.versions.items())) for t in trials},
+                                                   key=str)],
+            "sweep_ids": sorted({t.sweep_id for t in trials}),
+        },
+        "entries": entries,
+    }
+
+
+def export_table(engine: Engine, arch: str, out_dir: Path | None = None) -> Path:
+    """Write ``<out_dir>/<arch>.json`` atomically; its path."""
+    trials = best_trials(engine, arch)
+    if not trials:
+        raise NothingToExport(f"no ok trials for arch {arch!r} in the database")
+    path = table_path(arch, out_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{arch}.", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(build_table(trials, arch), f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path

@@ -1,0 +1,19 @@
+"""A config's identity: the hash that says two trials would measure the same thing.
+
+It covers the kernel, the shape, the arch, every launch parameter and compiler knob, and
+the toolchain (Triton, torch, CUDA/ROCm, driver), so a result is reused across sweeps
+only where nothing that could change it has changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def config_identity(
+    kernel: str, shape_key: str, arch: str, config: dict[str, Any], toolchain: dict[str, Any]
+) -> str:
+    payload = {"kernel": kernel, "shape": shape_key, "arch": arch, "config": config, "toolchain": toolchain}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()

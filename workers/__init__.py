@@ -1,0 +1,1 @@
+"""Ray workers: device actors with crash-isolated benchmark children, and compile tasks."""

@@ -1,0 +1,128 @@
+"""The benchmarking child process: checks one config against the reference, then times it.
+
+Runs as ``python -m workers.bench_child`` under a ``BenchProcess``. It reads one JSON
+request per line on stdin and answers with one JSON line on its real stdout (everything
+else the kernels print goes to stderr). A config that faults the GPU or hangs takes only
+this process down; the parent records the trial and starts a fresh child.
+
+Requests: ``{"op": "describe"}``, ``{"op": "trial", ...}``, ``{"op": "retime", ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+import torch
+
+from kernels import registry
+from kernels.arch import INTERPRETER_ARCH, current_arch, kernel_device
+from workers.device_info import describe_device
+from workers.timing import measure
+
+# Compile-time failures of a config (as opposed to faults of the process).
+try:
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
+
+    COMPILE_ERRORS: tuple[type[BaseException], ...] = (CompilationError, OutOfResources)
+except ImportError:  # pragma: no cover - older Triton layouts
+    COMPILE_ERRORS = ()
+
+_inputs: dict[tuple[str, str, int], tuple[dict[str, Any], Any]] = {}
+
+
+def _as_tuple(outputs: Any) -> tuple[torch.Tensor, ...]:
+    return outputs if isinstance(outputs, tuple) else (outputs,)
+
+
+def _inputs_and_reference(kernel: registry.TunableKernel, shape: dict[str, int], seed: int):
+    """Random inputs for (kernel, shape, seed) and the eager reference outputs, built once."""
+    key = (kernel.name, kernel.shape_key(shape), seed)
+    if key not in _inputs:
+        _inputs.clear()  # keep one problem resident: GPU memory is for the current shape
+        inputs = kernel.make_inputs(shape, kernel_device(), seed)
+        _inputs[key] = (inputs, _as_tuple(kernel.reference(inputs)))
+    return _inputs[key]
+
+
+def mismatch(outputs: tuple[torch.Tensor, ...], reference: tuple[torch.Tensor, ...], atol: float, rtol: float) -> str | None:
+    """Why ``outputs`` differ from ``reference`` beyond tolerance, or None when they match."""
+    if len(outputs) != len(reference):
+        return f"returned {len(outputs)} outputs, reference has {len(reference)}"
+    for i, (out, ref) in enumerate(zip(outputs, reference)):
+        if out.shape != ref.shape:
+            return f"output {i}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+        out, ref = out.float(), ref.float()
+        if not torch.isfinite(out).all():
+            return f"output {i}: non-finite values"
+        excess = (out - ref).abs() - (atol + rtol * ref.abs())
+        if (excess > 0).any():
+            worst = int(excess.argmax())
+            return (
+                f"output {i}: {int((excess > 0).sum())} elements out of tolerance "
+                f"(atol={atol}, rtol={rtol}); worst |diff|={float((out - ref).abs().flatten()[worst]):.3g}"
+            )
+    return None
+
+
+def run_trial(request: dict[str, Any]) -> dict[str, Any]:
+    kernel = registry.get(request["kernel"])
+    shape, config = request["shape"], request["config"]
+    on_gpu = current_arch() != INTERPRETER_ARCH
+    inputs, reference = _inputs_and_reference(kernel, shape, request.get("seed", 0))
+    try:
+        outputs = _as_tuple(kernel.run(inputs, config))
+    except COMPILE_ERRORS as exc:
+        return {"status": "compile_error", "error": f"{type(exc).__name__}: {exc}"[:4000]}
+    if on_gpu:
+        torch.cuda.synchronize()
+    problem = mismatch(outputs, reference, request["atol"], request["rtol"])
+    if problem:
+        return {"status": "wrong", "error": problem}
+    timing = measure(lambda: kernel.run(inputs, config), request["warmup_ms"], request["rep_ms"], on_gpu)
+    metrics = {"gbps": kernel.bytes_moved(shape) / (timing.median_ms * 1e-3) / 1e9}
+    if kernel.flops is not None:
+        metrics["tflops"] = kernel.flops(shape) / (timing.median_ms * 1e-3) / 1e12
+    return {"status": "ok", "median_ms": timing.median_ms, "p20_ms": timing.p20_ms,
+            "p80_ms": timing.p80_ms, "reps": timing.reps, "metrics": metrics}
+
+
+def retime(request: dict[str, Any]) -> dict[str, Any]:
+    """Time several configs interleaved, round after round, so drift hits them all alike."""
+    kernel = registry.get(request["kernel"])
+    shape = request["shape"]
+    on_gpu = current_arch() != INTERPRETER_ARCH
+    inputs, _ = _inputs_and_reference(kernel, shape, request.get("seed", 0))
+    configs = request["configs"]
+    samples: list[list[float]] = [[] for _ in configs]
+    generator = torch.Generator().manual_seed(request.get("seed", 0))
+    for _ in range(request["rounds"]):
+        for i in torch.randperm(len(configs), generator=generator).tolist():
+            timing = measure(lambda: kernel.run(inputs, configs[i]), request["warmup_ms"], request["rep_ms"], on_gpu)
+            samples[i].append(timing.median_ms)
+    return {"status": "ok", "medians_ms": [sorted(s)[len(s) // 2] for s in samples]}
+
+
+HANDLERS = {"describe": lambda _request: describe_device(), "trial": run_trial, "retime": retime}
+
+
+def main() -> None:
+    answer = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt answers
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            reply = HANDLERS[request["op"]](request)
+        except Exception as exc:  # noqa: BLE001 - any other failure poisons the CUDA context
+            reply = {"status": "crash", "error": "".join(traceback.format_exception(exc))[-4000:], "fatal": True}
+        answer.write(json.dumps(reply) + "\n")
+        if reply.get("fatal"):
+            return  # the parent starts a fresh process with a clean context
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Ahead-of-time compilation on CPU workers, so GPUs never wait for Triton.
+
+The task compiles one config into the shared Triton cache (``TRITON_CACHE_DIR``) without
+launching it; the GPU worker's child then finds the binary in the cache. Triton needs the
+driver to know its target, so the task keeps the host's GPUs visible
+(``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0`` in the pool's runtime env) but launches nothing.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import ray
+
+from kernels import registry
+from kernels.arch import kernel_device
+
+_inputs: dict[tuple[str, str], dict[str, Any]] = {}
+
+
+@ray.remote(num_cpus=1, max_retries=0)
+def compile_config(kernel_name: str, shape: dict[str, int], config: dict[str, Any]) -> dict[str, Any]:
+    """``{"status": "ok"}`` when ``config`` compiled, else a ``compile_error`` with its text."""
+    kernel = registry.get(kernel_name)
+    if kernel.compile is None:
+        return {"status": "ok"}
+    key = (kernel_name, kernel.shape_key(shape))
+    if key not in _inputs:
+        _inputs.clear()
+        _inputs[key] = kernel.make_inputs(shape, kernel_device(), 0)
+    try:
+        kernel.compile(_inputs[key], config)
+    except Exception as exc:  # noqa: BLE001 - every compiler failure is a result, not a fault
+        return {"status": "compile_error", "error": "".join(traceback.format_exception_only(exc))[-4000:]}
+    return {"status": "ok"}

@@ -1,0 +1,46 @@
+"""What a worker runs on: host, device, arch and the toolchain that is part of a config's identity."""
+
+from __future__ import annotations
+
+import functools
+import platform
+import socket
+import subprocess
+from typing import Any
+
+import torch
+import triton
+
+from kernels.arch import INTERPRETER_ARCH, current_arch
+
+
+@functools.lru_cache(maxsize=1)
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )
+        return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def describe_device() -> dict[str, Any]:
+    """Host, device name, arch, SM/CU count and versions of the running process."""
+    arch = current_arch()
+    info: dict[str, Any] = {"host": socket.gethostname(), "arch": arch}
+    if arch == INTERPRETER_ARCH:
+        info.update(gpu_name=f"CPU ({platform.processor() or platform.machine()}) via TRITON_INTERPRET", sm_count=None)
+    else:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info.update(gpu_name=props.name, sm_count=props.multi_processor_count)
+    info["versions"] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "hip": torch.version.hip,
+        "driver": None if arch == INTERPRETER_ARCH else _driver_version(),
+    }
+    return info

@@ -1,0 +1,38 @@
+"""The Ray actor that owns one GPU (or, without GPUs, one CPU running the interpreter).
+
+The actor itself never touches the device: it forwards each request to its benchmarking
+child process, so a faulting config kills the child and the actor carries on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from workers.child_process import BenchProcess
+
+DESCRIBE_TIMEOUT_S = 300.0  # first start of a child imports torch and triton
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)
+class DeviceWorker:
+    """Runs trials and re-timings for the sweep runner on this actor's device."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self._bench = BenchProcess(env)
+
+    def describe(self) -> dict[str, Any]:
+        info = self._bench.request({"op": "describe"}, DESCRIBE_TIMEOUT_S)
+        if "arch" not in info:
+            raise RuntimeError(f"benchmark process failed to start: {info.get('error')}")
+        return info
+
+    def run_trial(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        return self._bench.request({"op": "trial", **request}, timeout_s)
+
+    def retime(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        return self._bench.request({"op": "retime", **request}, timeout_s)
+
+    def restarts(self) -> int:
+        return self._bench.restarts

@@ -1,0 +1,100 @@
+"""Start the Ray workers of a sweep: one device worker per GPU, CPU slots for compiling.
+
+Without an address a local Ray is started; with one (or ``RAY_ADDRESS``) the pool joins
+that cluster. On a cluster without GPUs the workers run the kernels on the CPU under
+``TRITON_INTERPRET=1`` and nothing is compiled ahead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from workers.device_worker import DeviceWorker
+
+# Variables the workers need to see as the driver sees them.
+FORWARDED_PREFIXES = ("TUNER_", "TRITON_", "PYTHONPATH", "CUDA_LAUNCH_BLOCKING")
+START_TIMEOUT_S = 300.0
+
+
+class PoolError(RuntimeError):
+    """The workers could not be started or disagree on what they run on."""
+
+
+def _worker_env(interpret: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    # Compile tasks ask for no GPU but must see the host's GPUs to know Triton's target.
+    env["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = "0"
+    return env
+
+
+@dataclass
+class WorkerPool:
+    """The device workers of one server, with what each reported about itself."""
+
+    workers: list[Any]
+    infos: list[dict[str, Any]]
+    compile_ahead: bool
+    compile_slots: int
+    started_ray: bool = field(default=False)
+
+    @classmethod
+    def start(cls, ray_address: str | None = None, cpu_workers: int = 1, num_cpus: int | None = None) -> WorkerPool:
+        """Connect to (or start) Ray and start one device worker per GPU, or ``cpu_workers``."""
+        address = ray_address or os.environ.get("RAY_ADDRESS")
+        started = not ray.is_initialized()
+        if started:
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        interpret = gpus == 0
+        options = {"runtime_env": {"env_vars": _worker_env(interpret)}}
+        if interpret:
+            actors = [DeviceWorker.options(num_cpus=1, **options).remote(options["runtime_env"]["env_vars"])
+                      for _ in range(cpu_workers)]
+        else:
+            actors = [DeviceWorker.options(num_gpus=1, num_cpus=0, **options).remote(options["runtime_env"]["env_vars"])
+                      for _ in range(gpus)]
+        try:
+            infos = ray.get([a.describe.remote() for a in actors], timeout=START_TIMEOUT_S)
+        except Exception as exc:
+            for actor in actors:
+                ray.kill(actor)
+            if started:
+                ray.shutdown()
+            raise PoolError(f"device workers failed to start: {exc}") from None
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        pool = cls(actors, infos, compile_ahead=not interpret,
+                   compile_slots=max(cpus - (len(actors) if interpret else 0), 1), started_ray=started)
+        pool.arch  # noqa: B018 - fail early on a mixed pool
+        return pool
+
+    @property
+    def arch(self) -> str:
+        archs = {i["arch"] for i in self.infos}
+        if len(archs) != 1:
+            raise PoolError(f"workers run on several archs {sorted(archs)}; give each arch its own cluster")
+        return archs.pop()
+
+    @property
+    def toolchain(self) -> dict[str, Any]:
+        versions = {tuple(sorted(i["versions"].items())) for i in self.infos}
+        if len(versions) != 1:
+            raise PoolError(f"workers run different toolchains: {sorted(versions)}")
+        return dict(versions.pop())
+
+    def compile_runtime_env(self) -> dict[str, Any]:
+        return {"env_vars": _worker_env(not self.compile_ahead)}
+
+    def shutdown(self) -> None:
+        for actor in self.workers:
+            ray.kill(actor)
+        if self.started_ray:
+            ray.shutdown()
