@@ -55,8 +55,13 @@ def status_table(sweep: Sweep, trials: list[Trial], budgets: dict[str, int]) -> 
         failed = len(rows) - len(ok) - pruned
         best = min(ok, key=lambda t: t.median_ms, default=None)
         table.add_row(key, str(len(ok)), str(failed), str(pruned), str(max(budget - len(ok) - failed, 0)),
-                      f"{best.median_ms:.4f}" if best else "-", json.dumps(best.config) if best else "-")
+                      f"{best.median_ms:.4f}" if best else "-", compact(best.config) if best else "-")
     return table
+
+
+def compact(config: dict[str, Any]) -> str:
+    """``BLOCK_M=4 num_warps=8``: a config in the width of a table cell (unset knobs left out)."""
+    return " ".join(f"{k}={v}" for k, v in config.items() if v is not None)
 
 
 def tuned_table(table: dict[str, Any]) -> Table:
@@ -65,6 +70,6 @@ def tuned_table(table: dict[str, Any]) -> Table:
                 title=f"{table['arch']}: {', '.join(prov['devices']) or '?'} (exported {prov['exported_at']})")
     for kernel, entries in sorted(table["entries"].items()):
         for shape, e in sorted(entries.items()):
-            out.add_row(kernel, shape, json.dumps(e["config"]), f"{e['median_ms']:.4f}",
+            out.add_row(kernel, shape, compact(e["config"]), f"{e['median_ms']:.4f}",
                         f"{e['gbps']:.0f}" if e.get("gbps") else "-", str(e["sweep_id"]))
     return out

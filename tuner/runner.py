@@ -264,7 +264,8 @@ class SweepRunner:
                 sweep_id=self.sweep_id, kernel=self.kernel.name, shape_key=state.key, arch=self.arch,
                 config=pending.config, identity=pending.identity, status=result["status"],
                 median_ms=result.get("median_ms"), p20_ms=result.get("p20_ms"), p80_ms=result.get("p80_ms"),
-                reps=result.get("reps"), metrics=result.get("metrics", {}), error=result.get("error"),
+                reps=result.get("reps"), error=result.get("error"),
+                metrics={**result.get("metrics", {}), **({"busy_s": result["busy_s"]} if "busy_s" in result else {})},
                 host=info.get("host"), gpu_name=info.get("gpu_name"), sm_count=info.get("sm_count"),
                 versions=self.toolchain, started_at=pending.started_at))
 

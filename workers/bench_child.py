@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -115,8 +116,10 @@ def main() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt answers
     for line in sys.stdin:
         request = json.loads(line)
+        started = time.perf_counter()
         try:
             reply = HANDLERS[request["op"]](request)
+            reply["busy_s"] = time.perf_counter() - started
         except Exception as exc:  # noqa: BLE001 - any other failure poisons the CUDA context
             reply = {"status": "crash", "error": "".join(traceback.format_exception(exc))[-4000:], "fatal": True}
         answer.write(json.dumps(reply) + "\n")
