@@ -22,7 +22,8 @@ from sqlalchemy import select
 
 from db import Sweep, Trial, open_database, session_scope
 
-FAST_TIMING = {"warmup_ms": 1, "rep_ms": 5, "retime_rounds": 2, "retime_top": 3, "trial_timeout_s": 20}
+FAST_TIMING = {"warmup_ms": 1, "rep_ms": 5, "retime_rounds": 2, "retime_top": 3, "trial_timeout_s": 20,
+               "retime_warmup_ms": 1, "retime_rep_ms": 5}
 
 
 def tuner(*args: str, db: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:

@@ -1,12 +1,15 @@
-"""Run one claimed sweep on a worker pool: ask Optuna, prune, compile ahead, benchmark, record.
+"""Run one claimed sweep on a worker pool: propose, prune, compile ahead, benchmark, record.
 
-For each shape the runner keeps every device worker busy: it asks Optuna for configs
-ahead of time, prunes those that violate the space's constraints, reuses results whose
-identity was measured before, compiles the rest on CPU workers, and hands compiled configs
-to idle device workers. Every finished trial is committed at once, so a killed server
-loses nothing it measured; a restarted one re-runs only the trials that were in flight.
-When a shape is done, its best configs are re-timed together on every device worker and
-the winner is taken from that re-timing.
+For each shape the runner keeps every device worker busy. It takes configs from the
+strategy ahead of time, prunes those that violate the space's constraints, answers those
+whose identity was measured before from the database, compiles the rest on CPU workers and
+hands compiled configs to idle device workers; a worker that falls idle while nothing is
+compiled yet takes the oldest config still compiling and compiles it itself. Finished
+benchmarks free their worker before any bookkeeping, and every finished trial is committed
+at once, so a killed server loses nothing it measured and a restarted one re-runs only the
+trials that were in flight. When a shape is done, its best configs are re-timed together
+on every device worker with the longer re-timing settings, and the winner is taken from
+that re-timing.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from kernels import registry
 from tuner import queue
 from tuner.identity import config_identity
 from tuner.spec import SweepSpec
-from tuner.strategies import make_sampler, suggest_config
+from tuner.strategies import ConfigSource, GridSource, OptunaSource, Proposal, make_sampler
 from workers.compile_task import compile_config
 from workers.pool import WorkerPool
 
@@ -39,24 +42,25 @@ ProgressFn = Callable[[str, int, int, float | None], None]
 
 @dataclass
 class Pending:
-    """A config on its way through compile and benchmark."""
+    """A proposal on its way through compile and benchmark."""
 
-    number: int
-    config: dict[str, Any]
+    proposal: Proposal
     identity: str
     submitted: float = field(default_factory=time.monotonic)
     started_at: datetime | None = None
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.proposal.config
 
 
 @dataclass
 class ShapeState:
     shape: dict[str, int]
     key: str
-    study: optuna.Study
-    dimensions: dict[str, list[Any]]
+    source: ConfigSource
     evaluated: int = 0
     pruned: int = 0
-    asked: int = 0
     best_ms: float | None = None
 
 
@@ -78,8 +82,11 @@ class SweepRunner:
         if self.spec.arch not in ("auto", self.arch):
             raise ValueError(f"sweep {sweep_id} asks for arch {self.spec.arch} but the workers run {self.arch}")
         self.space = self.spec.search_space()
+        self.dimensions = self.space.dimensions(self.arch)
+        self.budget = self.spec.trial_budget(self.arch)
         self.toolchain = pool.toolchain
         self.atol, self.rtol = self.spec.tolerances()
+        self.timing = self.spec.timing
         self.deadline = (time.monotonic() + self.spec.budget.max_minutes * 60) if self.spec.budget.max_minutes else None
         self._last_beat = 0.0
 
@@ -105,44 +112,56 @@ class SweepRunner:
         if not queue.heartbeat(self.engine, self.sweep_id, self.owner):
             raise SweepStopped()
 
+    def _identity(self, key: str, config: dict[str, Any]) -> str:
+        return config_identity(self.kernel.name, key, self.arch, config, self.toolchain)
+
     def _open_shape(self, shape: dict[str, int]) -> ShapeState:
+        """Load what this sweep already recorded for the shape and set up its strategy."""
         key = self.kernel.shape_key(shape)
-        dimensions = self.space.dimensions(self.arch)
-        sampler = make_sampler(self.spec.strategy.name, dimensions, self.spec.strategy.seed)
-        study = optuna.create_study(storage=self.storage, sampler=sampler, direction="minimize",
-                                    study_name=f"sweep-{self.sweep_id}/{self.kernel.name}/{key}", load_if_exists=True)
-        state = ShapeState(shape, key, study, dimensions)
+        name = self.spec.strategy.name
+        study = optuna.create_study(
+            storage=self.storage, direction="minimize", load_if_exists=True,
+            sampler=None if name == "grid" else make_sampler(name, self.spec.strategy.seed),
+            study_name=f"sweep-{self.sweep_id}/{self.kernel.name}/{key}")
         with session_scope(self.engine) as session:
             rows = session.scalars(select(Trial).where(Trial.sweep_id == self.sweep_id, Trial.shape_key == key)).all()
-            state.pruned = sum(r.status == TrialStatus.pruned.value for r in rows)
-            state.evaluated = len(rows) - state.pruned
+            recorded = {r.identity for r in rows}
             ok = [r.median_ms for r in rows if r.status == TrialStatus.ok.value]
-            state.best_ms = min(ok) if ok else None
-        state.asked = len(study.get_trials(deepcopy=False))
-        return state
+            pruned = sum(r.status == TrialStatus.pruned.value for r in rows)
+            evaluated = len(rows) - pruned
+        if name == "grid":
+            remaining, newly_pruned = [], []
+            for config in self.space.grid(self.arch):
+                identity = self._identity(key, config)
+                if identity in recorded:
+                    continue
+                reason = self.space.violation(config, shape, self.arch)
+                if reason:
+                    newly_pruned.append((config, identity, reason))
+                else:
+                    remaining.append(config)
+            self._write_pruned(key, newly_pruned)
+            pruned += len(newly_pruned)
+            source: ConfigSource = GridSource(study, self.dimensions, remaining, self.spec.strategy.seed)
+        else:
+            source = OptunaSource(study, self.dimensions, max_asks=20 * self.budget + self.space.size(self.arch))
+        return ShapeState(shape, key, source, evaluated=evaluated, pruned=pruned, best_ms=min(ok) if ok else None)
 
     # -- search loop -------------------------------------------------------------------
-    def _budget_total(self, state: ShapeState) -> int:
-        return self.spec.trial_budget(self.arch)
-
-    def _may_ask(self, state: ShapeState, inflight: int) -> bool:
+    def _may_propose(self, state: ShapeState, inflight: int) -> bool:
         if self.deadline is not None and time.monotonic() > self.deadline:
             return False
-        if state.evaluated + inflight >= self._budget_total(state):
-            return False
-        grid = self.space.size(self.arch)
-        if self.spec.strategy.name == "grid":
-            return state.asked < grid
-        return state.asked < 20 * self._budget_total(state) + grid
+        return state.evaluated + inflight < self.budget
 
     def _search(self, state: ShapeState) -> None:
         ready: deque[Pending] = deque()
         compiling: dict[Any, Pending] = {}
         benching: dict[Any, tuple[Pending, int]] = {}
         idle = list(range(len(self.pool.workers)))
-        lookahead = 2 * len(idle) + (min(self.pool.compile_slots, 16) if self.pool.compile_ahead else 0)
-        timeout_s = self.spec.timing.trial_timeout_s
+        lookahead = 2 * len(idle) + (self.pool.compile_slots if self.pool.compile_ahead else 0)
+        timeout_s = self.timing.trial_timeout_s
         compile_env = self.pool.compile_runtime_env()
+        exhausted = False
 
         def admit(pending: Pending) -> None:
             if self.pool.compile_ahead:
@@ -151,27 +170,39 @@ class SweepRunner:
             else:
                 ready.append(pending)
 
-        for pending in self._resume_running(state):
-            admit(pending)
+        def dispatch() -> None:
+            while idle and (ready or compiling):
+                if ready:
+                    pending = ready.popleft()
+                else:  # nothing compiled yet: the worker compiles the oldest one itself
+                    pending = compiling.pop(next(iter(compiling)))
+                worker = idle.pop()
+                pending.started_at = utcnow()
+                request = {"kernel": self.kernel.name, "shape": state.shape, "config": pending.config,
+                           "seed": self.timing.input_seed, "atol": self.atol, "rtol": self.rtol,
+                           "warmup_ms": self.timing.warmup_ms, "rep_ms": self.timing.rep_ms}
+                benching[self.pool.workers[worker].run_trial.remote(request, timeout_s)] = (pending, worker)
+
+        for proposal in state.source.resume():
+            admit(Pending(proposal, self._identity(state.key, proposal.config)))
         self._report(state)
         while True:
             self._beat()
-            while len(ready) + len(compiling) + len(benching) < lookahead and self._may_ask(
+            while not exhausted and len(ready) + len(compiling) + len(benching) < lookahead and self._may_propose(
                 state, len(ready) + len(compiling) + len(benching)
             ):
-                pending = self._ask(state)
-                if pending is not None:
+                proposal = state.source.propose()
+                if proposal is None:
+                    exhausted = True
+                elif (pending := self._screen(state, proposal)) is not None:
                     admit(pending)
-            while idle and ready:
-                pending, worker = ready.popleft(), idle.pop()
-                pending.started_at = utcnow()
-                request = {"kernel": self.kernel.name, "shape": state.shape, "config": pending.config,
-                           "seed": self.spec.timing.input_seed, "atol": self.atol, "rtol": self.rtol,
-                           "warmup_ms": self.spec.timing.warmup_ms, "rep_ms": self.spec.timing.rep_ms}
-                benching[self.pool.workers[worker].run_trial.remote(request, timeout_s)] = (pending, worker)
+            dispatch()
             if not (ready or compiling or benching):
                 return
             done, _ = ray.wait([*compiling, *benching], num_returns=1, timeout=1.0)
+            if done:
+                done, _ = ray.wait([*compiling, *benching], num_returns=len(compiling) + len(benching), timeout=0)
+            finished: list[tuple[Pending, dict[str, Any], int | None]] = []
             for ref in done:
                 if ref in compiling:
                     pending = compiling.pop(ref)
@@ -179,11 +210,14 @@ class SweepRunner:
                     if result["status"] == "ok":
                         ready.append(pending)
                     else:
-                        self._record(state, pending, result, worker=None)
-                else:
+                        finished.append((pending, result, None))
+                elif ref in benching:
                     pending, worker = benching.pop(ref)
                     idle.append(worker)
-                    self._record(state, pending, self._get(ref), worker)
+                    finished.append((pending, self._get(ref), worker))
+            dispatch()  # workers first, bookkeeping after
+            for pending, result, worker in finished:
+                self._record(state, pending, result, worker)
             for ref, pending in list(compiling.items()):
                 if time.monotonic() - pending.submitted > timeout_s:
                     ray.cancel(ref, force=True)
@@ -198,86 +232,73 @@ class SweepRunner:
         except ray.exceptions.RayError as exc:
             return {"status": "crash", "error": f"worker failed: {exc}"[:4000]}
 
-    def _resume_running(self, state: ShapeState) -> list[Pending]:
-        """Trials a killed server left running: tell those already recorded, re-run the rest."""
-        pending = []
-        for trial in state.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            if set(trial.params) != set(state.dimensions):
-                state.study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-                continue
-            identity = config_identity(self.kernel.name, state.key, self.arch, trial.params, self.toolchain)
-            if not self._reuse(state, trial.number, trial.params, identity, this_sweep_only=True):
-                pending.append(Pending(trial.number, dict(trial.params), identity))
-        return pending
-
-    def _ask(self, state: ShapeState) -> Pending | None:
-        """Ask Optuna for one config; None when it was pruned or answered from the database."""
-        trial = state.study.ask()
-        state.asked += 1
-        config = suggest_config(trial, state.dimensions)
-        identity = config_identity(self.kernel.name, state.key, self.arch, config, self.toolchain)
-        reason = self.space.violation(config, state.shape, self.arch)
+    def _screen(self, state: ShapeState, proposal: Proposal) -> Pending | None:
+        """A proposal that must be measured, or None when it was pruned or answered from the DB."""
+        identity = self._identity(state.key, proposal.config)
+        reason = self.space.violation(proposal.config, state.shape, self.arch)
         if reason:
-            self._write_row(state, Pending(trial.number, config, identity), {"status": "pruned", "error": reason}, None)
+            self._write_pruned(state.key, [(proposal.config, identity, reason)])
             state.pruned += 1
-            state.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            state.source.report(proposal, TrialStatus.pruned.value, None)
             self._report(state)
             return None
-        if self._reuse(state, trial.number, config, identity, this_sweep_only=False):
+        if self._reuse(state, proposal, identity):
             return None
-        return Pending(trial.number, config, identity)
+        return Pending(proposal, identity)
 
-    def _reuse(self, state: ShapeState, number: int, config: dict[str, Any], identity: str, this_sweep_only: bool) -> bool:
-        """Answer a trial from an earlier measurement of the same identity; True if one existed."""
+    def _reuse(self, state: ShapeState, proposal: Proposal, identity: str) -> bool:
+        """Answer a proposal from an earlier measurement of the same identity; True if one existed."""
         with session_scope(self.engine) as session:
-            query = select(Trial).where(Trial.identity == identity, Trial.status.in_(MEASURED))
-            if this_sweep_only:
-                query = query.where(Trial.sweep_id == self.sweep_id)
-            previous = session.scalars(query.order_by(Trial.id).limit(1)).first()
+            previous = session.scalars(
+                select(Trial).where(Trial.identity == identity, Trial.status.in_(MEASURED)).order_by(Trial.id).limit(1)
+            ).first()
             if previous is None:
                 return False
-            if previous.sweep_id != self.sweep_id or previous.shape_key != state.key:
+            if previous.sweep_id != self.sweep_id:
                 session.add(Trial(
                     sweep_id=self.sweep_id, kernel=self.kernel.name, shape_key=state.key, arch=self.arch,
-                    config=config, identity=identity, status=previous.status, median_ms=previous.median_ms,
+                    config=proposal.config, identity=identity, status=previous.status, median_ms=previous.median_ms,
                     p20_ms=previous.p20_ms, p80_ms=previous.p80_ms, reps=previous.reps,
                     metrics={**previous.metrics, "reused_from": previous.id}, error=previous.error,
                     host=previous.host, gpu_name=previous.gpu_name, sm_count=previous.sm_count,
-                    versions=previous.versions, started_at=None))
+                    versions=previous.versions))
                 state.evaluated += 1
             status, median = previous.status, previous.median_ms
-        self._tell(state, number, status, median)
+        self._tell(state, proposal, status, median)
         return True
 
-    def _tell(self, state: ShapeState, number: int, status: str, median_ms: float | None) -> None:
+    def _tell(self, state: ShapeState, proposal: Proposal, status: str, median_ms: float | None) -> None:
+        state.source.report(proposal, status, median_ms)
         if status == TrialStatus.ok.value:
-            state.study.tell(number, median_ms)
             state.best_ms = median_ms if state.best_ms is None else min(state.best_ms, median_ms)
-        else:
-            state.study.tell(number, state=optuna.trial.TrialState.FAIL)
         self._report(state)
 
-    def _write_row(self, state: ShapeState, pending: Pending, result: dict[str, Any], worker: int | None) -> None:
+    def _write_pruned(self, key: str, pruned: list[tuple[dict[str, Any], str, str]]) -> None:
+        with session_scope(self.engine) as session:
+            session.add_all(Trial(sweep_id=self.sweep_id, kernel=self.kernel.name, shape_key=key, arch=self.arch,
+                                  config=config, identity=identity, status=TrialStatus.pruned.value, error=reason,
+                                  versions=self.toolchain, metrics={})
+                            for config, identity, reason in pruned)
+
+    def _record(self, state: ShapeState, pending: Pending, result: dict[str, Any], worker: int | None) -> None:
+        """Commit a finished trial, then report it (a kill in between only repeats the report)."""
         info = self.pool.infos[worker] if worker is not None else {}
+        metrics = {**result.get("metrics", {}), **({"busy_s": result["busy_s"]} if "busy_s" in result else {})}
         with session_scope(self.engine) as session:
             session.add(Trial(
                 sweep_id=self.sweep_id, kernel=self.kernel.name, shape_key=state.key, arch=self.arch,
                 config=pending.config, identity=pending.identity, status=result["status"],
                 median_ms=result.get("median_ms"), p20_ms=result.get("p20_ms"), p80_ms=result.get("p80_ms"),
-                reps=result.get("reps"), error=result.get("error"),
-                metrics={**result.get("metrics", {}), **({"busy_s": result["busy_s"]} if "busy_s" in result else {})},
+                reps=result.get("reps"), error=result.get("error"), metrics=metrics,
                 host=info.get("host"), gpu_name=info.get("gpu_name"), sm_count=info.get("sm_count"),
                 versions=self.toolchain, started_at=pending.started_at))
-
-    def _record(self, state: ShapeState, pending: Pending, result: dict[str, Any], worker: int | None) -> None:
-        """Commit a finished trial, then tell Optuna (a kill in between only repeats the tell)."""
-        self._write_row(state, pending, result, worker)
         state.evaluated += 1
-        self._tell(state, pending.number, result["status"], result.get("median_ms"))
+        self._tell(state, pending.proposal, result["status"], result.get("median_ms"))
 
     def _report(self, state: ShapeState) -> None:
         done = state.evaluated + (state.pruned if self.spec.budget_counts_pruned else 0)
-        self.on_progress(state.key, done, self._budget_total(state), state.best_ms)
+        total = self.budget
+        self.on_progress(state.key, min(done, total), total, state.best_ms)
 
     # -- re-timing of the best configs -------------------------------------------------
     def _retime(self, state: ShapeState) -> None:
@@ -290,15 +311,15 @@ class SweepRunner:
             best: dict[str, Trial] = {}
             for row in rows:
                 best.setdefault(row.identity, row)
-            candidates = list(best.values())[: self.spec.timing.retime_top]
+            candidates = list(best.values())[: self.timing.retime_top]
             if not candidates:
                 return
             per_worker: list[list[float]] = []
             if len(candidates) > 1:
                 request = {"kernel": self.kernel.name, "shape": state.shape, "configs": [c.config for c in candidates],
-                           "seed": self.spec.timing.input_seed, "rounds": self.spec.timing.retime_rounds,
-                           "warmup_ms": self.spec.timing.warmup_ms, "rep_ms": self.spec.timing.rep_ms}
-                timeout = self.spec.timing.trial_timeout_s * len(candidates)
+                           "seed": self.timing.input_seed, "rounds": self.timing.retime_rounds,
+                           "warmup_ms": self.timing.retime_warmup_ms, "rep_ms": self.timing.retime_rep_ms}
+                timeout = self.timing.trial_timeout_s * len(candidates)
                 answers = [self._get(r) for r in [w.retime.remote(request, timeout) for w in self.pool.workers]]
                 per_worker = [a["medians_ms"] for a in answers if a.get("status") == "ok"]
             session.execute(update(Trial).where(Trial.sweep_id == self.sweep_id, Trial.shape_key == state.key)

@@ -1,35 +1,105 @@
-"""Search strategies, all driven by Optuna through ask/tell.
+"""Search strategies: where the next config to measure comes from.
 
-``grid`` walks the whole product of choices (Optuna's GridSampler, shuffled by the seed),
-``random`` samples uniformly, ``tpe`` is Optuna's multivariate TPE with the constant-liar
-trick so that configs asked ahead for busy workers do not all land on the same spot.
+Every strategy is a ``ConfigSource`` with the same three calls the runner makes:
+``resume`` (configs a killed server left in flight), ``propose`` (the next config, or None
+when the strategy is done) and ``report`` (the measured outcome). All of them keep their
+trials in an Optuna study stored in the tuner's database, so ``optuna-dashboard`` shows
+every sweep.
+
+* ``grid`` walks every config that satisfies the space's constraints, in an order shuffled
+  by the seed. Nothing is left to sample, so it skips Optuna's per-parameter ask/suggest
+  round-trips and adds each measured config to the study as a finished trial.
+* ``random`` and ``tpe`` ask Optuna (ask/tell); TPE is multivariate with the constant-liar
+  trick, so configs asked ahead for busy workers do not all land on the same spot.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import random
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+Config = dict[str, Any]
 
 
-class AskTellGridSampler(optuna.samplers.GridSampler):
-    """GridSampler for ask/tell: its ``after_trial`` calls ``study.stop()``, which Optuna only
-    allows inside ``optimize``; the runner itself stops asking once the grid is walked."""
+@dataclass
+class Proposal:
+    """A config to measure, with the Optuna trial it answers (None for grid)."""
 
-    def after_trial(self, study, trial, state, values) -> None:  # noqa: ANN001 - Optuna's signature
-        return None
+    config: Config
+    trial_number: int | None = None
 
 
-def make_sampler(name: str, dimensions: dict[str, list[Any]], seed: int) -> optuna.samplers.BaseSampler:
-    if name == "grid":
-        return AskTellGridSampler(dimensions, seed=seed)
+class ConfigSource(Protocol):
+    def resume(self) -> list[Proposal]: ...
+
+    def propose(self) -> Proposal | None: ...
+
+    def report(self, proposal: Proposal, status: str, median_ms: float | None) -> None: ...
+
+
+class GridSource:
+    """Every valid config once, shuffled by the seed; ``remaining`` excludes configs already done."""
+
+    def __init__(self, study: optuna.Study, dimensions: dict[str, list[Any]], remaining: list[Config], seed: int) -> None:
+        self.study = study
+        self.distributions = {name: CategoricalDistribution(choices) for name, choices in dimensions.items()}
+        self.queue = list(remaining)
+        random.Random(seed).shuffle(self.queue)
+
+    def resume(self) -> list[Proposal]:
+        return []  # the database says what is done; everything else is still in ``queue``
+
+    def propose(self) -> Proposal | None:
+        return Proposal(self.queue.pop()) if self.queue else None
+
+    def report(self, proposal: Proposal, status: str, median_ms: float | None) -> None:
+        ok = status == "ok"
+        self.study.add_trial(optuna.trial.create_trial(
+            params=proposal.config, distributions=self.distributions,
+            value=median_ms if ok else None, state=TrialState.COMPLETE if ok else TrialState.FAIL))
+
+
+class OptunaSource:
+    """Ask/tell over an Optuna sampler, at most ``max_asks`` asks (duplicates and pruned included)."""
+
+    def __init__(self, study: optuna.Study, dimensions: dict[str, list[Any]], max_asks: int) -> None:
+        self.study, self.dimensions, self.max_asks = study, dimensions, max_asks
+        self.asked = len(study.get_trials(deepcopy=False))
+
+    def resume(self) -> list[Proposal]:
+        proposals = []
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if set(trial.params) == set(self.dimensions):
+                proposals.append(Proposal(dict(trial.params), trial.number))
+            else:  # killed between ask and suggest: nothing to measure
+                self.study.tell(trial.number, state=TrialState.FAIL)
+        return proposals
+
+    def propose(self) -> Proposal | None:
+        if self.asked >= self.max_asks:
+            return None
+        trial = self.study.ask()
+        self.asked += 1
+        config = {name: trial.suggest_categorical(name, choices) for name, choices in self.dimensions.items()}
+        return Proposal(config, trial.number)
+
+    def report(self, proposal: Proposal, status: str, median_ms: float | None) -> None:
+        if status == "ok":
+            self.study.tell(proposal.trial_number, median_ms)
+        elif status == "pruned":
+            self.study.tell(proposal.trial_number, state=TrialState.PRUNED)
+        else:
+            self.study.tell(proposal.trial_number, state=TrialState.FAIL)
+
+
+def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=10)
-    raise ValueError(f"unknown strategy {name!r}; use grid, random or tpe")
-
-
-def suggest_config(trial: optuna.trial.Trial, dimensions: dict[str, list[Any]]) -> dict[str, Any]:
-    """The config Optuna proposes for ``trial``."""
-    return {name: trial.suggest_categorical(name, choices) for name, choices in dimensions.items()}
+    raise ValueError(f"unknown sampling strategy {name!r}; use random or tpe")

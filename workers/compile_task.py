@@ -8,6 +8,7 @@ driver to know its target, so the task keeps the host's GPUs visible
 
 from __future__ import annotations
 
+import os
 import traceback
 from typing import Any
 
@@ -34,3 +35,11 @@ def compile_config(kernel_name: str, shape: dict[str, int], config: dict[str, An
     except Exception as exc:  # noqa: BLE001 - every compiler failure is a result, not a fault
         return {"status": "compile_error", "error": "".join(traceback.format_exception_only(exc))[-4000:]}
     return {"status": "ok"}
+
+
+@ray.remote(num_cpus=1, max_retries=0)
+def warm_up() -> int:
+    """Import the kernels and open the GPU driver in a compile worker before the first sweep."""
+    registry.names()
+    kernel_device()
+    return os.getpid()

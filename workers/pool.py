@@ -13,6 +13,7 @@ from typing import Any
 
 import ray
 
+from workers.compile_task import warm_up
 from workers.device_worker import DeviceWorker
 
 # Variables the workers need to see as the driver sees them.
@@ -74,6 +75,8 @@ class WorkerPool:
         pool = cls(actors, infos, compile_ahead=not interpret,
                    compile_slots=max(cpus - (len(actors) if interpret else 0), 1), started_ray=started)
         pool.arch  # noqa: B018 - fail early on a mixed pool
+        if pool.compile_ahead:  # start every compile worker now, not during the first sweep
+            ray.get([warm_up.options(**options).remote() for _ in range(pool.compile_slots)], timeout=START_TIMEOUT_S)
         return pool
 
     @property
