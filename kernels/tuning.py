@@ -8,7 +8,8 @@ Every kernel launch in this project resolves its config through ``resolve``. Rul
   when set, else from the packaged ``kernels/tables/``. An entry whose shape equals the
   asked shape wins; else, among entries whose ``exact_fields`` match, the one nearest in
   summed |log2| distance over the remaining fields (ties: the smaller shape key). Source
-  ``table``.
+  ``table``. An entry's keys are laid over the default, so an entry written for an older
+  space (fewer parameters) still launches.
 * Otherwise the kernel's heuristic default. Source ``default``.
 
 A missing, unreadable or wrong-schema table never breaks a kernel: the lookup warns once
@@ -112,7 +113,7 @@ def _resolve_cached(
     if table is not None:
         entry = nearest_entry(kernel, shape, table["entries"].get(name, {}))
         if entry is not None:
-            return dict(entry["config"]), "table"
+            return {**kernel.default_config(shape), **entry["config"]}, "table"
     return kernel.default_config(shape), "default"
 
 

@@ -1,0 +1,52 @@
+"""Turning a tuned config into a Triton launch, shared by every kernel module.
+
+A config mixes kernel constexprs (upper-case, e.g. ``BLOCK_M``; each kernel passes its
+own) with launch options and per-backend compiler knobs. Triton rejects knobs of another
+backend, and the sweep stores unset knobs as None, so only the running backend's set
+knobs are passed on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kernels.arch import INTERPRETER_ARCH, current_arch
+
+_COMMON_OPTIONS = ("num_warps", "num_stages")
+_BACKEND_KNOBS = {
+    "cuda": ("maxnreg",),
+    "hip": ("waves_per_eu", "matrix_instr_nonkdim", "kpack"),
+}
+
+
+def launch_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The Triton launch keyword options in ``config``, for the running backend."""
+    names: tuple[str, ...] = _COMMON_OPTIONS
+    if current_arch() != INTERPRETER_ARCH:
+        names += _BACKEND_KNOBS["hip" if torch.version.hip else "cuda"]
+    return {name: config[name] for name in names if config.get(name) is not None}
+
+
+def launch(
+    kernel: Any,
+    grid: tuple[int, ...],
+    args: tuple[Any, ...],
+    constexprs: dict[str, Any],
+    config: dict[str, Any],
+    compile_only: bool = False,
+) -> None:
+    """Launch ``kernel``, or with ``compile_only`` just compile it into Triton's cache.
+
+    Running and compiling share this one call so that the binary a sweep compiles ahead
+    of time is exactly the one its launch later finds in the cache. The interpreter has
+    nothing to compile, so ``compile_only`` is a no-op there; an empty grid (no rows)
+    launches nothing, since CUDA rejects it.
+    """
+    options = {**constexprs, **launch_options(config)}
+    if compile_only:
+        if current_arch() != INTERPRETER_ARCH:
+            kernel.warmup(*args, grid=grid, **options)
+    elif all(grid):
+        kernel[grid](*args, **options)

@@ -1,0 +1,151 @@
+"""Fused RMSNorm: parity with the eager reference, tuned configs, and the run-time lookup."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import registry, rmsnorm, tuning
+from kernels.arch import kernel_device
+from kernels.rmsnorm import rms_norm, rms_norm_reference
+
+DEVICE = kernel_device()
+# bf16 outputs are compared with a fp32 reference: about one bf16 rounding step apart.
+TOLERANCES = {torch.bfloat16: {"atol": 3e-2, "rtol": 2e-2}, torch.float32: {"atol": 1e-5, "rtol": 1e-5}}
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    torch.testing.assert_close(actual.float(), expected.float(), **TOLERANCES[dtype])
+
+
+def _as_tuple(outputs):
+    return outputs if isinstance(outputs, tuple) else (outputs,)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize(
+    ("shape", "weight_dtype"),
+    [
+        ((37, 96), "same"),  # tokens not a multiple of BLOCK_M, hidden not a power of two
+        ((2, 5, 40), torch.float32),  # leading batch dims, fp32 weight
+        ((3, 64), None),  # no weight
+        ((1, 7), "same"),  # a single short row
+    ],
+)
+def test_forward_and_gradients_match_eager(shape, weight_dtype, dtype):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(shape, generator=gen).to(DEVICE, dtype)
+    weight = None
+    if weight_dtype is not None:
+        weight = (1 + 0.5 * torch.randn(shape[-1], generator=gen)).to(DEVICE, dtype if weight_dtype == "same" else weight_dtype)
+    grad_out = torch.randn(shape, generator=gen).to(DEVICE, dtype)
+
+    x_k = x.clone().requires_grad_()
+    w_k = None if weight is None else weight.clone().requires_grad_()
+    y = rms_norm(x_k, w_k)
+    y.backward(grad_out)
+
+    x_r = x.float().requires_grad_()
+    w_r = None if weight is None else weight.float().requires_grad_()
+    y_r = rms_norm_reference(x_r, w_r)
+    y_r.backward(grad_out.float())
+
+    assert y.dtype == dtype and y.shape == x.shape
+    _close(y, y_r, dtype)
+    assert x_k.grad.dtype == dtype
+    _close(x_k.grad, x_r.grad, dtype)
+    if weight is not None:
+        assert w_k.grad.dtype == weight.dtype
+        _close(w_k.grad, w_r.grad, weight.dtype)
+
+
+FWD_CONFIGS = [
+    {"BLOCK_M": 1, "BLOCK_D": 0, "num_warps": 1, "num_stages": 1},
+    {"BLOCK_M": 2, "BLOCK_D": 32, "num_warps": 2, "num_stages": 2},  # ragged chunks of 96 and 40
+    {"BLOCK_M": 16, "BLOCK_D": 16, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 4, "BLOCK_D": 4096, "num_warps": 8, "num_stages": 1},  # wider than the row: one pass
+]
+BWD_CONFIGS = [
+    {"BLOCK_M": 1, "PROGRAMS": 1, "num_warps": 1, "num_stages": 1},  # one program loops over every row
+    {"BLOCK_M": 2, "PROGRAMS": 3, "num_warps": 2, "num_stages": 2},  # ragged slabs of rows
+    {"BLOCK_M": 8, "PROGRAMS": 1024, "num_warps": 4, "num_stages": 1},
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "config"),
+    [("rmsnorm_fwd", c) for c in FWD_CONFIGS] + [("rmsnorm_bwd", c) for c in BWD_CONFIGS],
+)
+def test_tuned_configs_match_reference(name, config):
+    kernel = registry.get(name)
+    for shape in kernel.presets["small"]:
+        inputs = kernel.make_inputs(shape, DEVICE, seed=3)
+        outputs, expected = _as_tuple(kernel.run(inputs, config)), _as_tuple(kernel.reference(inputs))
+        assert len(outputs) == len(expected)
+        for out, ref in zip(outputs, expected):
+            assert out.shape == ref.shape and out.dtype == ref.dtype
+            torch.testing.assert_close(out.float(), ref.float(), atol=kernel.atol, rtol=kernel.rtol)
+
+
+@pytest.fixture
+def fresh_lookup():
+    tuning.clear_cache()
+    yield
+    tuning.clear_cache()
+
+
+def test_env_override_reaches_the_launch(monkeypatch, fresh_lookup):
+    monkeypatch.setenv("TUNER_CONFIG_RMSNORM_FWD", '{"BLOCK_M": 2}')
+    monkeypatch.setenv("TUNER_CONFIG_RMSNORM_BWD", '{"BLOCK_M": 4, "PROGRAMS": 2}')
+    tuning.clear_cache()
+    config, source = tuning.resolve("rmsnorm_fwd", {"tokens": 37, "hidden": 96})
+    assert source == "env" and config["BLOCK_M"] == 2
+
+    launched = []
+    real_launch = rmsnorm.launch
+
+    def spy(kernel, grid, args, constexprs, config, compile_only=False):
+        launched.append((grid, constexprs["BLOCK_M"]))
+        return real_launch(kernel, grid, args, constexprs, config, compile_only)
+
+    monkeypatch.setattr(rmsnorm, "launch", spy)
+    x = torch.randn(37, 96).to(DEVICE).requires_grad_()
+    y = rms_norm(x)
+    y.sum().backward()
+    # forward: 37 rows in blocks of 2; backward: at most 2 programs of 4-row steps.
+    assert launched == [((19,), 2), ((2,), 4)]
+    torch.testing.assert_close(y, rms_norm_reference(x), atol=1e-5, rtol=1e-5)
+
+
+def test_malformed_env_override_is_an_error(monkeypatch, fresh_lookup):
+    monkeypatch.setenv("TUNER_CONFIG_RMSNORM_FWD", "[2]")
+    with pytest.raises(tuning.ConfigOverrideError):
+        rms_norm(torch.randn(4, 8).to(DEVICE))
+
+
+def test_weight_of_wrong_shape_or_dtype_is_rejected():
+    x = torch.randn(4, 8).to(DEVICE, torch.bfloat16)
+    with pytest.raises(ValueError):
+        rms_norm(x, torch.ones(9).to(DEVICE, torch.bfloat16))
+    with pytest.raises(ValueError):
+        rms_norm(x, torch.ones(8).to(DEVICE, torch.float16))
+
+
+@pytest.mark.parametrize("name", ["rmsnorm_fwd", "rmsnorm_bwd"])
+def test_inputs_are_seeded_random_and_compile_accepts_default(name):
+    kernel = registry.get(name)
+    shape = kernel.presets["small"][0]
+    first, again, other = (kernel.make_inputs(shape, DEVICE, seed) for seed in (5, 5, 6))
+    assert first.keys() == again.keys() == other.keys()
+    for key in first:
+        assert torch.equal(first[key], again[key])
+        assert not torch.equal(first[key], other[key])
+        assert torch.count_nonzero(first[key]) == first[key].numel()
+    assert kernel.compile(first, kernel.default_config(shape)) is None
+
+
+def test_bytes_moved_counts_each_tensor_once():
+    shape = {"tokens": 4096, "hidden": 7168}
+    tokens_by_hidden = 4096 * 7168
+    assert registry.get("rmsnorm_fwd").bytes_moved(shape) == 2 * (2 * tokens_by_hidden + 7168)
+    assert registry.get("rmsnorm_bwd").bytes_moved(shape) == 2 * (3 * tokens_by_hidden + 2 * 7168) + 4 * 4096
