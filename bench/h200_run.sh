@@ -26,11 +26,11 @@ python -m pytest -q -x tests/test_rmsnorm.py tests/test_sinkhorn.py tests/test_t
 
 step "sweeps of every kernel through the service (grid, V4-Flash shapes) + export"
 rm -f /tmp/sweeps.db
-python -m tuner.cli --db sqlite:////tmp/sweeps.db quickstart --out "$out" 2>&1 | grep -v '━' | tail -40 | tee -a "$out/log.txt"
+python -m tuner.cli --db sqlite:////tmp/sweeps.db quickstart --out "$out" 2>&1 | grep -v '━' | tail -60 | tee -a "$out/log.txt"
 cp /tmp/sweeps.db "$out/sweeps.db"
 
 step "tuned vs default vs eager"
 python bench/kernels_h200.py "$out/sm_90.json" "$out/kernels.json" 2>&1 | tail -16 | tee -a "$out/log.txt"
 
 step "service vs @triton.autotune, cold caches"
-python bench/service_vs_autotune.py "$out/autotune.json" 2>&1 | grep -v '━' | tail -40 | tee -a "$out/log.txt"
+python bench/service_vs_autotune.py "$out/autotune.json" 2>&1 | grep -v '━' | tail -60 | tee -a "$out/log.txt"
