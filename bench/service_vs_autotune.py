@@ -2,7 +2,7 @@
 
 Same kernel (RMSNorm forward, V4-Flash 16384 x 4096 bf16), same configs (the space's grid
 after its constraints). The service runs twice: with its default timing (every config
-screened at warm-up 10 ms / rep 40 ms, the best 5 re-timed at 25 / 100 ms, interleaved, on
+screened at warm-up 5 ms / rep 20 ms, the best 5 re-timed at 25 / 100 ms three times, interleaved, on
 both GPUs) and with every config timed at 25 / 100 ms like the autotuner. Each run gets an
 empty Triton cache and an empty database. The service runs as a user would run it (``tuner sweep run``, a
 local Ray on every GPU of the host, compilation ahead on the CPU workers); the autotuner
@@ -51,7 +51,7 @@ def run_service(workdir: Path, name: str) -> dict:
         sweep = session.scalars(select(Sweep)).one()
         trials = session.scalars(select(Trial)).all()
         sweep_s = (sweep.finished_at - sweep.started_at).total_seconds()
-        busy = sum(t.metrics.get("busy_s", 0.0) for t in trials)
+        busy = sum(t.metrics.get("busy_s", 0.0) + sum(t.metrics.get("retime_busy_s", [])) for t in trials)
         benched = [t for t in trials if t.status not in ("pruned",)]
         winner = next(t for t in trials if t.is_winner)
         return {

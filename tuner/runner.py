@@ -322,6 +322,7 @@ class SweepRunner:
                 timeout = self.timing.trial_timeout_s * len(candidates)
                 answers = [self._get(r) for r in [w.retime.remote(request, timeout) for w in self.pool.workers]]
                 per_worker = [a["medians_ms"] for a in answers if a.get("status") == "ok"]
+                retime_busy_s = [a.get("busy_s", 0.0) for a in answers]
             session.execute(update(Trial).where(Trial.sweep_id == self.sweep_id, Trial.shape_key == state.key)
                             .values(is_winner=False))
             for i, row in enumerate(candidates):
@@ -331,3 +332,5 @@ class SweepRunner:
                     row.metrics = {**row.metrics, "retime_per_worker_ms": samples}
             winner = min(candidates, key=lambda r: r.retime_ms if r.retime_ms is not None else r.median_ms)
             winner.is_winner = True
+            if per_worker:
+                winner.metrics = {**winner.metrics, "retime_busy_s": retime_busy_s}

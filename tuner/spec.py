@@ -37,11 +37,11 @@ class Budget(_Strict):
 class TimingSettings(_Strict):
     """Screening every config is short; the few best are re-timed longer, together, at the end."""
 
-    warmup_ms: PositiveFloat = 10.0
-    rep_ms: PositiveFloat = 40.0
+    warmup_ms: PositiveFloat = 5.0
+    rep_ms: PositiveFloat = 20.0
     trial_timeout_s: PositiveFloat = 120.0
     retime_top: int = Field(5, ge=1, description="best configs re-timed together at the end")
-    retime_rounds: PositiveInt = 5
+    retime_rounds: PositiveInt = 3
     retime_warmup_ms: PositiveFloat = 25.0
     retime_rep_ms: PositiveFloat = 100.0
     input_seed: int = 0

@@ -19,6 +19,9 @@ from workers.device_worker import DeviceWorker
 # Variables the workers need to see as the driver sees them.
 FORWARDED_PREFIXES = ("TUNER_", "TRITON_", "PYTHONPATH", "CUDA_LAUNCH_BLOCKING")
 START_TIMEOUT_S = 300.0
+# Compiling one config takes well under a second, so a few workers out-compile any GPU;
+# starting one per core only slows the pool's start (each imports torch and opens CUDA).
+MAX_COMPILE_WORKERS = 16
 
 
 class PoolError(RuntimeError):
@@ -73,7 +76,8 @@ class WorkerPool:
             raise PoolError(f"device workers failed to start: {exc}") from None
         cpus = int(ray.cluster_resources().get("CPU", 1))
         pool = cls(actors, infos, compile_ahead=not interpret,
-                   compile_slots=max(cpus - (len(actors) if interpret else 0), 1), started_ray=started)
+                   compile_slots=max(min(cpus - (len(actors) if interpret else 0), MAX_COMPILE_WORKERS), 1),
+                   started_ray=started)
         pool.arch  # noqa: B018 - fail early on a mixed pool
         if pool.compile_ahead:  # start every compile worker now, not during the first sweep
             ray.get([warm_up.options(**options).remote() for _ in range(pool.compile_slots)], timeout=START_TIMEOUT_S)
