@@ -14,6 +14,7 @@ that re-timing.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -328,7 +329,7 @@ class SweepRunner:
             for i, row in enumerate(candidates):
                 samples = sorted(w[i] for w in per_worker)
                 if samples:
-                    row.retime_ms = samples[len(samples) // 2]
+                    row.retime_ms = statistics.median(samples)
                     row.metrics = {**row.metrics, "retime_per_worker_ms": samples}
             winner = min(candidates, key=lambda r: r.retime_ms if r.retime_ms is not None else r.median_ms)
             winner.is_winner = True

@@ -66,21 +66,20 @@ class WorkerPool:
         else:
             actors = [DeviceWorker.options(num_gpus=1, num_cpus=0, **options).remote(options["runtime_env"]["env_vars"])
                       for _ in range(gpus)]
-        try:
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        compile_slots = max(min(cpus - (len(actors) if interpret else 0), MAX_COMPILE_WORKERS), 1)
+        warming = [] if interpret else [warm_up.options(**options).remote() for _ in range(compile_slots)]
+        try:  # compile workers start while the device workers' children import torch
             infos = ray.get([a.describe.remote() for a in actors], timeout=START_TIMEOUT_S)
+            ray.get(warming, timeout=START_TIMEOUT_S)
         except Exception as exc:
             for actor in actors:
                 ray.kill(actor)
             if started:
                 ray.shutdown()
             raise PoolError(f"device workers failed to start: {exc}") from None
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        pool = cls(actors, infos, compile_ahead=not interpret,
-                   compile_slots=max(min(cpus - (len(actors) if interpret else 0), MAX_COMPILE_WORKERS), 1),
-                   started_ray=started)
+        pool = cls(actors, infos, compile_ahead=not interpret, compile_slots=compile_slots, started_ray=started)
         pool.arch  # noqa: B018 - fail early on a mixed pool
-        if pool.compile_ahead:  # start every compile worker now, not during the first sweep
-            ray.get([warm_up.options(**options).remote() for _ in range(pool.compile_slots)], timeout=START_TIMEOUT_S)
         return pool
 
     @property
