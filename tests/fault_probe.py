@@ -3,7 +3,9 @@
 Loaded by the workers through ``TUNER_KERNEL_MODULES=tests.fault_probe``: it runs a real
 Triton kernel (``y = 2x``) through the whole sweep path, and its ``MODE`` parameter makes
 the benchmarking process segfault, never return, or return wrong numbers, so the tests
-can check that each is recorded with the right status while the sweep completes.
+can check that each is recorded with the right status while the sweep completes. ``slow``
+computes the right thing at half a second per launch, for tests that must catch a
+sweep while it runs.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def _run(inputs, config):
         os.kill(os.getpid(), signal.SIGSEGV)
     if mode == "hang":
         time.sleep(3600)
+    if mode == "slow":
+        time.sleep(0.5)
     x = inputs["x"]
     y = torch.empty_like(x)
     _double_kernel[(triton.cdiv(x.numel(), config["BLOCK"]),)](x, y, x.numel(), BLOCK=config["BLOCK"])

@@ -89,9 +89,9 @@ def test_faulty_configs_are_recorded_and_the_sweep_completes(tmp_path, db_url):
 
 
 def test_killed_server_loses_nothing_and_reruns_nothing(tmp_path, db_url):
-    spec = write_spec(tmp_path, "slow.yaml", kernel="fault_probe", shapes=[{"n": 100}], space={"MODE": ["ok"],
+    spec = write_spec(tmp_path, "slow.yaml", kernel="fault_probe", shapes=[{"n": 100}], space={"MODE": ["slow"],
                       "BLOCK": [16, 32, 64, 128, 256]}, strategy={"name": "grid"},
-                      timing={**FAST_TIMING, "rep_ms": 1500, "retime_top": 1})
+                      timing={**FAST_TIMING, "rep_ms": 300, "retime_top": 1})
     sweep_id = int(tuner("sweep", "queue", str(spec), db=db_url).stdout.strip())
     env = {**os.environ, "TUNER_DB_URL": db_url, "RAY_ADDRESS": ""}
     server = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--drain"], env=env,
@@ -149,3 +149,23 @@ def test_unreadable_spec_and_bad_arguments_exit_2(tmp_path):
         proc = tuner(*args, db=db, check=False)
         assert proc.returncode == 2, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
+
+
+def test_cancel_stops_a_running_sweep(tmp_path, db_url):
+    spec = write_spec(tmp_path, "slow.yaml", kernel="fault_probe", shapes=[{"n": 100}],
+                      space={"MODE": ["slow"], "BLOCK": [16, 32, 64, 128, 256]}, strategy={"name": "grid"},
+                      timing={**FAST_TIMING, "rep_ms": 300})
+    sweep_id = int(tuner("sweep", "queue", str(spec), db=db_url).stdout.strip())
+    env = {**os.environ, "TUNER_DB_URL": db_url, "RAY_ADDRESS": ""}
+    server = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--drain"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 240
+    while not trials_of(db_url, sweep_id):
+        assert server.poll() is None and time.monotonic() < deadline, "server finished no trial"
+        time.sleep(0.5)
+    assert tuner("sweep", "cancel", str(sweep_id), db=db_url).stdout.strip() == f"sweep {sweep_id}: cancelled"
+    out, _ = server.communicate(timeout=120)
+    assert f"sweep {sweep_id}: cancelled" in out
+    assert len(trials_of(db_url, sweep_id)) < 5  # it stopped before the grid was done
+    listing = tuner("sweep", "list", db=db_url).stdout
+    assert "fault_probe" in listing and "cancelled" in listing

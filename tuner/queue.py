@@ -77,14 +77,14 @@ def heartbeat(engine: Engine, sweep_id: int, owner: str) -> bool:
         return result.rowcount == 1
 
 
-def finish(engine: Engine, sweep_id: int, owner: str, status: SweepStatus, error: str | None = None) -> None:
-    """Close a sweep this owner runs (a cancelled sweep stays cancelled)."""
+def finish(engine: Engine, sweep_id: int, owner: str, status: SweepStatus, error: str | None = None) -> bool:
+    """Close a sweep this owner runs; False when it was cancelled or taken over meanwhile."""
     with session_scope(engine) as session:
-        session.execute(
+        return session.execute(
             update(Sweep)
             .where(Sweep.id == sweep_id, Sweep.owner == owner, Sweep.status == SweepStatus.running.value)
             .values(status=status.value, finished_at=utcnow(), error=error)
-        )
+        ).rowcount == 1
 
 
 def cancel(engine: Engine, sweep_id: int) -> str:

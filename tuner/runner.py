@@ -103,7 +103,8 @@ class SweepRunner:
                 self._retime(state)
         except SweepStopped:
             return SweepStatus.cancelled
-        queue.finish(self.engine, self.sweep_id, self.owner, SweepStatus.done)
+        if not queue.finish(self.engine, self.sweep_id, self.owner, SweepStatus.done):
+            return SweepStatus(queue.get_sweep(self.engine, self.sweep_id).status)
         return SweepStatus.done
 
     def _beat(self) -> None:
