@@ -30,7 +30,7 @@ python -m tuner.cli --db sqlite:////tmp/sweeps.db quickstart --out "$out" 2>&1 |
 cp /tmp/sweeps.db "$out/sweeps.db"
 
 step "tuned vs default vs eager"
-python bench/kernels_h200.py "$out/sm_90.json" "$out/kernels.json" 2>&1 | tail -16 | tee -a "$out/log.txt"
+python bench/kernels_h200.py "$out/sm_90.json" "$out/kernels.json" 2>&1 | tail -30 | tee -a "$out/log.txt"
 
 step "service vs @triton.autotune, cold caches"
 python bench/service_vs_autotune.py "$out/autotune.json" 2>&1 | grep -v '━' | tail -60 | tee -a "$out/log.txt"

@@ -115,7 +115,7 @@ class SweepRunner:
             raise SweepStopped()
 
     def _identity(self, key: str, config: dict[str, Any]) -> str:
-        return config_identity(self.kernel.name, key, self.arch, config, self.toolchain)
+        return config_identity(self.kernel.name, key, self.arch, config, self.toolchain, self.timing.method)
 
     def _open_shape(self, shape: dict[str, int]) -> ShapeState:
         """Load what this sweep already recorded for the shape and set up its strategy."""
@@ -182,7 +182,8 @@ class SweepRunner:
                 pending.started_at = utcnow()
                 request = {"kernel": self.kernel.name, "shape": state.shape, "config": pending.config,
                            "seed": self.timing.input_seed, "atol": self.atol, "rtol": self.rtol,
-                           "warmup_ms": self.timing.warmup_ms, "rep_ms": self.timing.rep_ms}
+                           "warmup_ms": self.timing.warmup_ms, "rep_ms": self.timing.rep_ms,
+                           "method": self.timing.method}
                 benching[self.pool.workers[worker].run_trial.remote(request, timeout_s)] = (pending, worker)
 
         for proposal in state.source.resume():
@@ -320,7 +321,8 @@ class SweepRunner:
             if len(candidates) > 1:
                 request = {"kernel": self.kernel.name, "shape": state.shape, "configs": [c.config for c in candidates],
                            "seed": self.timing.input_seed, "rounds": self.timing.retime_rounds,
-                           "warmup_ms": self.timing.retime_warmup_ms, "rep_ms": self.timing.retime_rep_ms}
+                           "warmup_ms": self.timing.retime_warmup_ms, "rep_ms": self.timing.retime_rep_ms,
+                           "method": self.timing.method}
                 timeout = self.timing.trial_timeout_s * len(candidates)
                 answers = [self._get(r) for r in [w.retime.remote(request, timeout) for w in self.pool.workers]]
                 per_worker = [a["medians_ms"] for a in answers if a.get("status") == "ok"]

@@ -44,6 +44,8 @@ class TimingSettings(_Strict):
     retime_rounds: PositiveInt = 3
     retime_warmup_ms: PositiveFloat = 25.0
     retime_rep_ms: PositiveFloat = 100.0
+    method: Literal["events", "cudagraph"] = Field(
+        "events", description="cudagraph: device time without host launch cost (microsecond kernels)")
     input_seed: int = 0
 
 

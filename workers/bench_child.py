@@ -84,7 +84,8 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
     problem = mismatch(outputs, reference, request["atol"], request["rtol"])
     if problem:
         return {"status": "wrong", "error": problem}
-    timing = measure(lambda: kernel.run(inputs, config), request["warmup_ms"], request["rep_ms"], on_gpu)
+    timing = measure(lambda: kernel.run(inputs, config), request["warmup_ms"], request["rep_ms"], on_gpu,
+                     request.get("method", "events"))
     metrics = {"gbps": kernel.bytes_moved(shape) / (timing.median_ms * 1e-3) / 1e9}
     if kernel.flops is not None:
         metrics["tflops"] = kernel.flops(shape) / (timing.median_ms * 1e-3) / 1e12
@@ -103,7 +104,8 @@ def retime(request: dict[str, Any]) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(request.get("seed", 0))
     for _ in range(request["rounds"]):
         for i in torch.randperm(len(configs), generator=generator).tolist():
-            timing = measure(lambda: kernel.run(inputs, configs[i]), request["warmup_ms"], request["rep_ms"], on_gpu)
+            timing = measure(lambda: kernel.run(inputs, configs[i]), request["warmup_ms"], request["rep_ms"], on_gpu,
+                             request.get("method", "events"))
             samples[i].append(timing.median_ms)
     return {"status": "ok", "medians_ms": [sorted(s)[len(s) // 2] for s in samples]}
 

@@ -1,7 +1,12 @@
-"""Timing of one kernel launch: CUDA events via ``do_bench`` on a GPU, wall clock on the interpreter.
+"""Timing of one kernel launch: on a GPU with CUDA events, on the interpreter by wall clock.
 
-On a GPU ``triton.testing.do_bench`` warms up, flushes the L2 cache before every repetition
-and times each one with CUDA events; we keep every sample and report median, p20 and p80.
+``events``: ``triton.testing.do_bench`` warms up, flushes the L2 cache before every
+repetition and times each one with CUDA events; we keep every sample and report median,
+p20 and p80. For kernels of a few microseconds the host's launch cost can exceed the
+kernel's, and then events time the host. ``cudagraph`` removes the host: it captures
+(L2 flush, launch) pairs in a CUDA graph, times replays, and subtracts replays of a graph
+of the flushes alone, so what remains is device time with a cold L2, as in a training step
+where launches are queued ahead of the GPU.
 """
 
 from __future__ import annotations
@@ -10,7 +15,14 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
+import torch
+
+Method = Literal["events", "cudagraph"]
+FLUSH_BYTES = 256 << 20  # several times the L2 of current GPUs
+GRAPH_LAUNCHES = 20
+GRAPH_REPLAYS = 10
 
 
 @dataclass(frozen=True)
@@ -29,8 +41,39 @@ def _summarise(samples: list[float]) -> Timing:
     return Timing(statistics.median(samples), q[1], q[7], len(samples))
 
 
-def measure(fn: Callable[[], object], warmup_ms: float, rep_ms: float, on_gpu: bool) -> Timing:
+def _replay_ms(body: Callable[[], object]) -> list[float]:
+    """Milliseconds of each replay of a graph holding ``GRAPH_LAUNCHES`` calls of ``body``."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_LAUNCHES):
+            body()
+    graph.replay()
+    samples = []
+    for _ in range(GRAPH_REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return samples
+
+
+def measure_graph(fn: Callable[[], object]) -> Timing:
+    """Device time per call of ``fn`` with a cold L2 and no host launch cost (see module doc)."""
+    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    fn()  # compile and size the allocator outside the capture
+    torch.cuda.synchronize()
+    flush_only = statistics.median(_replay_ms(flush.zero_))
+    with_fn = _replay_ms(lambda: (flush.zero_(), fn()))
+    return _summarise([(s - flush_only) / GRAPH_LAUNCHES for s in with_fn])
+
+
+def measure(fn: Callable[[], object], warmup_ms: float, rep_ms: float, on_gpu: bool,
+            method: Method = "events") -> Timing:
     """Median/p20/p80 of ``fn`` over repetitions filling about ``rep_ms`` after ``warmup_ms``."""
+    if on_gpu and method == "cudagraph":
+        return measure_graph(fn)
     if on_gpu:
         import triton.testing
 
