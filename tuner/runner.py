@@ -37,6 +37,9 @@ from workers.compile_task import compile_config
 from workers.pool import WorkerPool
 
 HEARTBEAT_EVERY_S = 5.0
+# Compile workers hold a copy of the inputs on the GPU; all of them together may use this
+# share of its memory, else the benchmarking children compile for themselves.
+COMPILE_MEMORY_SHARE = 0.25
 MEASURED = [s.value for s in TrialStatus if s is not TrialStatus.pruned]
 ProgressFn = Callable[[str, int, int, float | None], None]
 
@@ -155,18 +158,26 @@ class SweepRunner:
             return False
         return state.evaluated + inflight < self.budget
 
+    def _compiles_ahead(self, shape: dict[str, int]) -> bool:
+        """Whether CPU workers compile ahead: a GPU pool, and every worker's inputs fit beside the sweep."""
+        if not self.pool.compile_ahead or self.kernel.compile is None:
+            return False
+        memory = min(i.get("memory_bytes") or 0 for i in self.pool.infos)
+        return self.kernel.bytes_moved(shape) * self.pool.compile_slots <= COMPILE_MEMORY_SHARE * memory
+
     def _search(self, state: ShapeState) -> None:
         ready: deque[Pending] = deque()
         compiling: dict[Any, Pending] = {}
         benching: dict[Any, tuple[Pending, int]] = {}
         idle = list(range(len(self.pool.workers)))
-        lookahead = 2 * len(idle) + (self.pool.compile_slots if self.pool.compile_ahead else 0)
+        compile_ahead = self._compiles_ahead(state.shape)
+        lookahead = 2 * len(idle) + (self.pool.compile_slots if compile_ahead else 0)
         timeout_s = self.timing.trial_timeout_s
         compile_env = self.pool.compile_runtime_env()
         exhausted = False
 
         def admit(pending: Pending) -> None:
-            if self.pool.compile_ahead:
+            if compile_ahead:
                 ref = compile_config.options(runtime_env=compile_env).remote(self.kernel.name, state.shape, pending.config)
                 compiling[ref] = pending
             else:

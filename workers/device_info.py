@@ -31,10 +31,11 @@ def describe_device() -> dict[str, Any]:
     arch = current_arch()
     info: dict[str, Any] = {"host": socket.gethostname(), "arch": arch}
     if arch == INTERPRETER_ARCH:
-        info.update(gpu_name=f"CPU ({platform.processor() or platform.machine()}) via TRITON_INTERPRET", sm_count=None)
+        info.update(gpu_name=f"CPU ({platform.processor() or platform.machine()}) via TRITON_INTERPRET", sm_count=None,
+                    memory_bytes=None)
     else:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        info.update(gpu_name=props.name, sm_count=props.multi_processor_count)
+        info.update(gpu_name=props.name, sm_count=props.multi_processor_count, memory_bytes=props.total_memory)
     info["versions"] = {
         "python": platform.python_version(),
         "torch": torch.__version__,

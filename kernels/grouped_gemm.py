@@ -1,0 +1,608 @@
+"""Grouped expert GEMMs of a DeepSeek-V4 MoE layer, with the clamped SwiGLU fused in.
+
+Tokens arrive sorted by expert: expert e owns rows ``expert_offsets[e]:expert_offsets[e+1]``
+of ``x [T, D]`` (``expert_offsets[0] == 0``, ``expert_offsets[-1] == T``, empty experts
+allowed; not checked, since checking would sync with the host). Weights are bf16:
+``W13 [E, 2F, D]`` holds W1 (gate) in rows ``:F`` and W3 (up) in rows ``F:``, and
+``W2 [E, D, F]``. Per token t of expert e, with routing weight ``w_t``::
+
+    g, u = x_t @ W1_e^T, x_t @ W3_e^T
+    a    = silu(min(g, 10)) * clamp(u, -10, 10)
+    y_t  = w_t * (a @ W2_e^T)
+
+Launches (each a registered tunable kernel):
+
+* ``expert_up_fwd``: ``a [T, F]`` and ``gu [T, 2F]`` (g then u, rounded to bf16). ``a`` is
+  computed from the rounded g and u, so the backward's clamp masks and derivatives are
+  exactly those of the forward. Keeping g and u costs a ``[T, 2F]`` write but no GEMM is
+  recomputed in the backward.
+* ``expert_down_fwd``: ``y [T, D]``, the routing weight applied in the epilogue.
+* ``expert_down_bwd_dx``: ``dA = w * (dy @ W2_e)`` and ``dw_t = sum_f a * (dy @ W2_e)``
+  (equal to ``sum_d dy * (a @ W2_e^T)``), with the SwiGLU backward fused into the epilogue:
+  it returns ``dgu = [dg, du] [T, 2F]`` (clamp masks inclusive of +-10, as torch.clamp) and
+  never writes dA. So the SwiGLU backward runs once per element, and the up launches
+  below are plain GEMMs over the concatenated ``2F``.
+* ``expert_up_bwd_dx``: ``dx = dgu @ W13_e = dg @ W1_e + du @ W3_e``.
+* ``expert_down_bwd_dw`` / ``expert_up_bwd_dw``: ``dW2_e (+)= (w dy)^T @ a`` and
+  ``dW13_e (+)= dgu^T @ x`` over the expert's tokens, added to a given fp32 or bf16
+  gradient buffer by the kernel itself (read, add, write: in place when the output is the
+  buffer, as ``expert_mlp`` uses it; the registered kernels write to a fresh tensor, so
+  that the sweep's repeated runs all start from the same buffer). ``w * dy`` is rounded
+  to bf16 before the MMA.
+
+Scheduling of the token-row launches: one launch covers every expert. A tile table built on
+the device from ``expert_offsets`` (per-expert tile counts, their cumulative sum and a
+``searchsorted``; no host sync) maps each row-tile index to (expert, first row, row end).
+The grid is sized by the bound ``T // BLOCK_M + min(E, T)`` on the number of row tiles;
+programs past the last real tile return at once, and an empty expert has no tiles. The
+program id is swizzled over groups of ``GROUP_M`` row tiles so that consecutive programs
+share weight tiles in L2. The weight-gradient launches have one program per tile of every
+expert's gradient (each must be written, even for an expert without tokens) and reduce
+over the expert's tokens in ``BLOCK_K`` steps. K and N edges are masked, so no block size
+has to divide D or F.
+
+Tolerances (TunableKernel atol = rtol = 2e-2, per element against a fp32 reference fed
+the same bf16 inputs): bf16 outputs (a, gu, y, dgu, dx) are rounded once, 2**-9 relative;
+fp32 outputs (dweights, the weight gradients) differ by summation order, plus, for dW2,
+the rounding of ``w * dy`` (about 1e-3 of its size, up to ~5e-3 at the extremes of a large
+buffer). ``make_inputs`` scales the inputs so that the weight gradients are of unit size,
+where atol 2e-2 leaves a 4x margin.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+import triton
+import triton.language as tl
+
+from kernels.arch import INTERPRETER_ARCH, current_arch
+from kernels.launch import launch
+from kernels.registry import Config, Inputs, Shape, TunableKernel, register
+from kernels.tuning import resolve
+
+SWIGLU_CLAMP = 10.0
+_CLAMP = tl.constexpr(SWIGLU_CLAMP)
+_BF16_BYTES = 2
+_FP32_BYTES = 4
+
+
+@triton.jit
+def _swizzle(pid, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of ``pid``: column-major within groups of GROUP_M row tiles."""
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_rows, (pid % per_group) // group_rows
+
+
+@triton.jit
+def _swiglu(g, u):
+    gc = tl.minimum(g, _CLAMP)
+    return gc * tl.sigmoid(gc) * tl.minimum(tl.maximum(u, -_CLAMP), _CLAMP)
+
+
+@triton.jit
+def _mma(a, b, acc, UPCAST: tl.constexpr):
+    """``acc + a @ b``; UPCAST gives the dot fp32 operands (Triton 3.9's CPU interpreter multiplies
+    bf16 operands as their raw uint16 bits)."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    a_ptr, b_ptr, table_ptr, out_ptr, scale_ptr, gu_ptr, partial_ptr,
+    tiles_m, N, K, stride_be, stride_bk, stride_bn,
+    EPILOGUE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """``acc = A[rows] @ B_e[:, cols]`` for one tile of one expert's rows, then EPILOGUE.
+
+    A is ``[T, K]`` row-major; ``B_e[k, n]`` is at ``b + e*stride_be + k*stride_bk + n*stride_bn``.
+    EPILOGUE: "swiglu" (also multiplies by the up half of B, columns N..2N; stores a and gu),
+    "scale" (rows times scale), "swiglu_bwd" (stores dgu and dw partials), "plain".
+    """
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _swizzle(tl.program_id(0), tiles_m, tiles_n, GROUP_M)
+    expert = tl.load(table_ptr + pid_m)
+    if expert < 0:
+        return
+    rows = tl.load(table_ptr + tiles_m + pid_m) + tl.arange(0, BLOCK_M)
+    row_mask = rows < tl.load(table_ptr + 2 * tiles_m + pid_m)
+    rows = rows.to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    b_tile = b_ptr + expert.to(tl.int64) * stride_be + cols[None, :] * stride_bn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if EPILOGUE == "swiglu":
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_mask = ks < K
+        a = tl.load(a_ptr + rows[:, None] * K + ks[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        b_offsets = ks[:, None] * stride_bk
+        b_mask = k_mask[:, None] & col_mask[None, :]
+        acc = _mma(a, tl.load(b_tile + b_offsets, mask=b_mask, other=0.0), acc, UPCAST)
+        if EPILOGUE == "swiglu":
+            acc_up = _mma(a, tl.load(b_tile + N * stride_bn + b_offsets, mask=b_mask, other=0.0), acc_up, UPCAST)
+
+    mask = row_mask[:, None] & col_mask[None, :]
+    offsets = rows[:, None] * N + cols[None, :]
+    gu_offsets = rows[:, None] * (2 * N) + cols[None, :]  # gate columns of a [T, 2N] tensor; up ones at +N
+    if EPILOGUE == "swiglu":
+        g = acc.to(gu_ptr.dtype.element_ty)
+        u = acc_up.to(gu_ptr.dtype.element_ty)
+        tl.store(gu_ptr + gu_offsets, g, mask=mask)
+        tl.store(gu_ptr + gu_offsets + N, u, mask=mask)
+        tl.store(out_ptr + offsets, _swiglu(g.to(tl.float32), u.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=mask)
+    elif EPILOGUE == "scale":
+        scale = tl.load(scale_ptr + rows, mask=row_mask, other=0.0)
+        tl.store(out_ptr + offsets, (acc * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+    elif EPILOGUE == "swiglu_bwd":
+        # acc = dy @ W2_e over this tile's ffn columns.
+        g = tl.load(gu_ptr + gu_offsets, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(gu_ptr + gu_offsets + N, mask=mask, other=0.0).to(tl.float32)
+        tl.store(partial_ptr + rows * tiles_n + pid_n, tl.sum(_swiglu(g, u) * acc, axis=1), mask=row_mask)
+        da = acc * tl.load(scale_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        gc = tl.minimum(g, _CLAMP)
+        sig = tl.sigmoid(gc)
+        du = tl.where((u >= -_CLAMP) & (u <= _CLAMP), da * gc * sig, 0.0)
+        uc = tl.minimum(tl.maximum(u, -_CLAMP), _CLAMP)
+        dg = tl.where(g <= _CLAMP, da * uc * sig * (1.0 + gc * (1.0 - sig)), 0.0)
+        tl.store(out_ptr + gu_offsets, dg.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + gu_offsets + N, du.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _grouped_wgrad_kernel(
+    a_ptr, b_ptr, offsets_ptr, scale_ptr, grad_in_ptr, grad_out_ptr, M, N,
+    HAS_SCALE: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """``grad_out[e] = (grad_in[e] +) sum over e's tokens t of (scale_t A[t, :])^T B[t, :]``, one tile."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    expert = pid // (tiles_m * tiles_n)
+    pid_m, pid_n = _swizzle(pid % (tiles_m * tiles_n), tiles_m, tiles_n, GROUP_M)
+    start = tl.load(offsets_ptr + expert)
+    end = tl.load(offsets_ptr + expert + 1)
+    ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = ms < M
+    n_mask = ns < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for t0 in range(start, end, BLOCK_K):
+        ts = t0 + tl.arange(0, BLOCK_K)
+        t_mask = ts < end
+        ts = ts.to(tl.int64)
+        a = tl.load(a_ptr + ts[None, :] * M + ms[:, None], mask=m_mask[:, None] & t_mask[None, :], other=0.0)
+        if HAS_SCALE:
+            scale = tl.load(scale_ptr + ts, mask=t_mask, other=0.0)
+            a = (a.to(tl.float32) * scale[None, :]).to(a_ptr.dtype.element_ty)
+        b = tl.load(b_ptr + ts[:, None] * N + ns[None, :], mask=t_mask[:, None] & n_mask[None, :], other=0.0)
+        acc = _mma(a, b, acc, UPCAST)
+    offsets = expert.to(tl.int64) * M * N + ms[:, None] * N + ns[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    if ACCUMULATE:
+        acc += tl.load(grad_in_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    tl.store(grad_out_ptr + offsets, acc.to(grad_out_ptr.dtype.element_ty), mask=mask)
+
+
+def _tile_table(offsets: Tensor, block_m: int, n_rows: int) -> tuple[Tensor, int]:
+    """int32 ``[3, tiles]`` (expert or -1, first row, row end) per row tile, and the bound ``tiles``."""
+    n_experts = offsets.numel() - 1
+    tiles = n_rows // block_m + min(n_experts, n_rows)
+    per_expert = (offsets[1:] - offsets[:-1]).long().add(block_m - 1).div(block_m, rounding_mode="floor")
+    ends = per_expert.cumsum(0)
+    ids = torch.arange(tiles, device=offsets.device)
+    expert = torch.searchsorted(ends, ids, right=True)
+    valid = expert < n_experts
+    expert = expert.clamp(max=n_experts - 1)
+    first_row = offsets[expert] + (ids - ends[expert] + per_expert[expert]) * block_m
+    row_end = torch.where(valid, offsets[expert + 1], 0)
+    return torch.stack([torch.where(valid, expert, -1), first_row, row_end]).int(), tiles
+
+
+def _tile_constexprs(config: Config) -> dict[str, Any]:
+    return {**{p: config[p] for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
+            "UPCAST": current_arch() == INTERPRETER_ARCH}
+
+
+def _gemm(
+    a: Tensor,
+    b: Tensor,
+    offsets: Tensor,
+    out: Tensor,
+    epilogue: str,
+    config: Config,
+    compile_only: bool,
+    scale: Tensor | None = None,
+    gu: Tensor | None = None,
+    partial: Tensor | None = None,
+) -> None:
+    """``out[rows of e] = epilogue(a[rows of e] @ b[e])`` for every expert e; ``b`` is a ``[E, K, N]`` view."""
+    n_rows, k = a.shape
+    n = b.shape[2] // 2 if epilogue == "swiglu" else b.shape[2]
+    table, tiles_m = _tile_table(offsets, config["BLOCK_M"], n_rows)
+    launch(
+        _grouped_gemm_kernel,
+        (tiles_m * triton.cdiv(n, config["BLOCK_N"]),),
+        (a, b, table, out, out if scale is None else scale, out if gu is None else gu,
+         out if partial is None else partial, tiles_m, n, k, *b.stride()),
+        {"EPILOGUE": epilogue, **_tile_constexprs(config)},
+        config,
+        compile_only,
+    )
+
+
+def _wgrad(
+    a: Tensor,
+    b: Tensor,
+    offsets: Tensor,
+    scale: Tensor | None,
+    grad: Tensor | None,
+    out: Tensor | None,
+    config: Config,
+    compile_only: bool,
+) -> Tensor:
+    """``out[e] = grad[e] + (scale a[e's rows])^T @ b[e's rows]``; out defaults to a new tensor like grad.
+
+    ``out`` may be ``grad`` itself (in place); without ``grad`` nothing is added.
+    """
+    out = torch.empty_like(grad) if out is None else out
+    n_experts, m, n = out.shape
+    launch(
+        _grouped_wgrad_kernel,
+        (n_experts * triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"]),),
+        (a, b, offsets, a if scale is None else scale, out if grad is None else grad, out, m, n),
+        {"HAS_SCALE": scale is not None, "ACCUMULATE": grad is not None, **_tile_constexprs(config)},
+        config,
+        compile_only,
+    )
+    return out
+
+
+def _up_fwd(x: Tensor, offsets: Tensor, w13: Tensor, config: Config,
+            compile_only: bool = False) -> tuple[Tensor, Tensor]:
+    """``(a, gu)`` of the up projection and clamped SwiGLU."""
+    ffn = w13.shape[1] // 2
+    a = x.new_empty(x.shape[0], ffn)
+    gu = x.new_empty(x.shape[0], 2 * ffn)
+    _gemm(x, w13.transpose(1, 2), offsets, a, "swiglu", config, compile_only, gu=gu)
+    return a, gu
+
+
+def _down_fwd(a: Tensor, offsets: Tensor, weights: Tensor, w2: Tensor, config: Config,
+              compile_only: bool = False) -> Tensor:
+    """``y = weights * (a @ W2_e^T)``."""
+    y = a.new_empty(a.shape[0], w2.shape[1])
+    _gemm(a, w2.transpose(1, 2), offsets, y, "scale", config, compile_only, scale=weights)
+    return y
+
+
+def _down_bwd_dx(dy: Tensor, offsets: Tensor, weights: Tensor, gu: Tensor, w2: Tensor, config: Config,
+                 compile_only: bool = False) -> tuple[Tensor, Tensor]:
+    """``(dgu, dweights)``: the SwiGLU input gradient and the routing-weight gradient."""
+    dgu = torch.empty_like(gu)
+    partial = torch.empty(dy.shape[0], triton.cdiv(w2.shape[2], config["BLOCK_N"]), dtype=torch.float32,
+                          device=dy.device)
+    _gemm(dy, w2, offsets, dgu, "swiglu_bwd", config, compile_only, scale=weights, gu=gu, partial=partial)
+    return dgu, partial.sum(1)
+
+
+def _up_bwd_dx(dgu: Tensor, offsets: Tensor, w13: Tensor, config: Config, compile_only: bool = False) -> Tensor:
+    """``dx = dgu @ W13_e``."""
+    dx = dgu.new_empty(dgu.shape[0], w13.shape[2])
+    _gemm(dgu, w13, offsets, dx, "plain", config, compile_only)
+    return dx
+
+
+def _down_bwd_dw(dy: Tensor, a: Tensor, offsets: Tensor, weights: Tensor, grad: Tensor | None, config: Config,
+                 compile_only: bool = False, out: Tensor | None = None) -> Tensor:
+    """``grad + (weights dy)^T @ a`` per expert, into ``out`` (a new tensor by default; may be ``grad``)."""
+    return _wgrad(dy, a, offsets, weights, grad, out, config, compile_only)
+
+
+def _up_bwd_dw(dgu: Tensor, x: Tensor, offsets: Tensor, grad: Tensor | None, config: Config,
+               compile_only: bool = False, out: Tensor | None = None) -> Tensor:
+    """``grad + dgu^T @ x`` per expert, into ``out`` (a new tensor by default; may be ``grad``)."""
+    return _wgrad(dgu, x, offsets, None, grad, out, config, compile_only)
+
+
+def _resolved(kernel: str, x: Tensor, w2: Tensor) -> Config:
+    n_experts, hidden, ffn = w2.shape
+    config, _ = resolve(kernel, {"tokens": x.shape[0], "experts": n_experts, "hidden": hidden, "ffn": ffn})
+    return config
+
+
+class _ExpertMLP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, offsets, weights, w13, w2, grad_w13, grad_w2):
+        a, gu = _up_fwd(x, offsets, w13, _resolved("expert_up_fwd", x, w2))
+        y = _down_fwd(a, offsets, weights, w2, _resolved("expert_down_fwd", x, w2))
+        ctx.save_for_backward(x, offsets, weights, w13, w2, a, gu)
+        ctx.grad_buffers = grad_w13, grad_w2
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, offsets, weights, w13, w2, a, gu = ctx.saved_tensors
+        grad_w13, grad_w2 = ctx.grad_buffers
+        dy = dy.contiguous()
+        dgu, dweights = _down_bwd_dx(dy, offsets, weights, gu, w2, _resolved("expert_down_bwd_dx", x, w2))
+        dx = _up_bwd_dx(dgu, offsets, w13, _resolved("expert_up_bwd_dx", x, w2))
+        # With buffers, gradients are added to them in place and autograd gets none.
+        dw2 = _down_bwd_dw(dy, a, offsets, weights, grad_w2, _resolved("expert_down_bwd_dw", x, w2),
+                           out=torch.empty_like(w2) if grad_w2 is None else grad_w2)
+        dw13 = _up_bwd_dw(dgu, x, offsets, grad_w13, _resolved("expert_up_bwd_dw", x, w2),
+                          out=torch.empty_like(w13) if grad_w13 is None else grad_w13)
+        return dx, None, dweights, dw13 if grad_w13 is None else None, dw2 if grad_w2 is None else None, None, None
+
+
+def expert_mlp(
+    x_sorted: Tensor,
+    expert_offsets: Tensor,
+    weights: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    grad_buffers: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """``y [T, D]`` bf16: each token's routed expert MLP (clamped SwiGLU) times its routing weight.
+
+    ``x_sorted [T, D]`` bf16 sorted by expert, ``expert_offsets [E+1]`` int32, ``weights [T]``
+    fp32, ``w13 [E, 2F, D]`` (gate rows, then up rows) and ``w2 [E, D, F]`` bf16.
+    Differentiable in x, weights, w13 and w2. With ``grad_buffers = (dW13, dW2)`` (fp32 or
+    bf16, shaped like the weights) the weight gradients are added to those buffers in place
+    (as to Megatron's ``main_grad``) and w13/w2 get no ``.grad``. Launch parameters come
+    from ``kernels.tuning.resolve``.
+    """
+    n_experts, two_ffn, hidden = w13.shape
+    n_rows = x_sorted.shape[0]
+    expected = {
+        "x_sorted": (x_sorted, (n_rows, hidden)),
+        "expert_offsets": (expert_offsets, (n_experts + 1,)),
+        "weights": (weights, (n_rows,)),
+        "w2": (w2, (n_experts, hidden, two_ffn // 2)),
+    }
+    for name, (tensor, shape) in expected.items():
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{name} must be {list(shape)} for w13 {list(w13.shape)}, got {list(tensor.shape)}")
+    if x_sorted.dtype != torch.bfloat16 or w13.dtype != torch.bfloat16 or w2.dtype != torch.bfloat16:
+        raise ValueError(f"x, w13 and w2 must be bfloat16, got {x_sorted.dtype}, {w13.dtype}, {w2.dtype}")
+    grad_w13, grad_w2 = grad_buffers or (None, None)
+    for buffer, weight in ((grad_w13, w13), (grad_w2, w2)):
+        if buffer is not None and (buffer.shape != weight.shape or buffer.dtype not in (torch.float32, torch.bfloat16)
+                                   or not buffer.is_contiguous()):
+            raise ValueError(f"a gradient buffer must be a contiguous fp32/bf16 {list(weight.shape)}, "
+                             f"got {list(buffer.shape)} {buffer.dtype}")
+    return _ExpertMLP.apply(x_sorted.contiguous(), expert_offsets.int().contiguous(), weights.float().contiguous(),
+                            w13.contiguous(), w2.contiguous(), grad_w13, grad_w2)
+
+
+# ----- eager references ---------------------------------------------------------------
+
+
+def _expert_rows(offsets: Tensor) -> list[tuple[int, slice]]:
+    bounds = offsets.tolist()
+    return [(e, slice(bounds[e], bounds[e + 1])) for e in range(len(bounds) - 1)]
+
+
+def _swiglu_reference(gu: Tensor) -> Tensor:
+    g, u = gu.chunk(2, dim=-1)
+    return F.silu(g.clamp(max=SWIGLU_CLAMP)) * u.clamp(-SWIGLU_CLAMP, SWIGLU_CLAMP)
+
+
+def expert_mlp_reference(
+    x_sorted: Tensor, expert_offsets: Tensor, weights: Tensor, w13: Tensor, w2: Tensor
+) -> Tensor:
+    """Eager fp32 math of ``expert_mlp`` (differentiable), a loop over experts, in x's dtype.
+
+    g and u are rounded to bf16 as the kernel keeps them, so that the clamp masks fall on
+    the same elements; everything else stays fp32.
+    """
+    rows = []
+    for e, r in _expert_rows(expert_offsets):
+        gu = (x_sorted[r].float() @ w13[e].float().T).to(torch.bfloat16).float()
+        rows.append(weights[r, None].float() * (_swiglu_reference(gu) @ w2[e].float().T))
+    return torch.cat(rows).to(x_sorted.dtype)
+
+
+def _per_expert(offsets: Tensor, out: Tensor, fn: Callable[[int, slice], Tensor]) -> Tensor:
+    """``out`` with the rows of each expert e set to ``fn(e, rows)``."""
+    for e, r in _expert_rows(offsets):
+        out[r] = fn(e, r)
+    return out
+
+
+def _up_fwd_reference(x, offsets, w13) -> tuple[Tensor, Tensor]:
+    gu = _per_expert(offsets, x.new_empty(x.shape[0], w13.shape[1]), lambda e, r: x[r].float() @ w13[e].float().T)
+    return _swiglu_reference(gu.float()).to(x.dtype), gu
+
+
+def _down_fwd_reference(a, offsets, weights, w2) -> Tensor:
+    return _per_expert(offsets, a.new_empty(a.shape[0], w2.shape[1]),
+                       lambda e, r: weights[r, None] * (a[r].float() @ w2[e].float().T))
+
+
+def _down_bwd_dx_reference(dy, offsets, weights, gu, w2) -> tuple[Tensor, Tensor]:
+    """dgu by autograd through the eager SwiGLU; dweights from its definition ``sum(dy * (a @ W2^T))``."""
+    a = _swiglu_reference(gu.float())
+    with torch.enable_grad():
+        gu_leaf = gu.float().requires_grad_()
+        da = _per_expert(offsets, torch.empty_like(a), lambda e, r: weights[r, None] * (dy[r].float() @ w2[e].float()))
+        (dgu,) = torch.autograd.grad(_swiglu_reference(gu_leaf), gu_leaf, da)
+    down = _per_expert(offsets, torch.empty_like(dy, dtype=torch.float32), lambda e, r: a[r] @ w2[e].float().T)
+    return dgu.to(gu.dtype), (dy.float() * down).sum(-1)
+
+
+def _up_bwd_dx_reference(dgu, offsets, w13) -> Tensor:
+    return _per_expert(offsets, dgu.new_empty(dgu.shape[0], w13.shape[2]), lambda e, r: dgu[r].float() @ w13[e].float())
+
+
+def _wgrad_reference(a, b, offsets, scale, grad) -> Tensor:
+    out = grad.float().clone()
+    for e, r in _expert_rows(offsets):
+        lhs = a[r].float() if scale is None else a[r].float() * scale[r, None]
+        out[e] += lhs.T @ b[r].float()
+    return out.to(grad.dtype)
+
+
+def _down_bwd_dw_reference(dy, a, offsets, weights, grad) -> Tensor:
+    return _wgrad_reference(dy, a, offsets, weights, grad)
+
+
+def _up_bwd_dw_reference(dgu, x, offsets, grad) -> Tensor:
+    return _wgrad_reference(dgu, x, offsets, None, grad)
+
+
+# ----- registration -------------------------------------------------------------------
+
+
+def _dims(shape: Shape) -> tuple[int, int, int, int]:
+    return shape["tokens"], shape["experts"], shape["hidden"], shape["ffn"]
+
+
+def _tensor_bytes(shape: Shape) -> dict[str, int]:
+    """Bytes of every tensor a launch reads or writes, by input/output name."""
+    t, e, d, f = _dims(shape)
+    return {
+        "x": _BF16_BYTES * t * d, "dy": _BF16_BYTES * t * d, "y": _BF16_BYTES * t * d, "dx": _BF16_BYTES * t * d,
+        "a": _BF16_BYTES * t * f, "gu": _BF16_BYTES * t * 2 * f, "dgu": _BF16_BYTES * t * 2 * f,
+        "weights": _FP32_BYTES * t, "dweights": _FP32_BYTES * t, "offsets": _FP32_BYTES * (e + 1),
+        "w13": _BF16_BYTES * e * 2 * f * d, "w2": _BF16_BYTES * e * d * f,
+        "dw13": _FP32_BYTES * e * 2 * f * d, "dw2": _FP32_BYTES * e * d * f,
+    }
+
+
+def _make_inputs(names: tuple[str, ...], shape: Shape, device: torch.device, seed: int) -> Inputs:
+    """Random inputs ``names`` of ``shape`` on ``device``: a uniform random expert load, unit-size outputs.
+
+    Tokens pick experts uniformly at random (so loads are ragged and, with fewer tokens
+    than experts, some experts are empty). Weights are scaled by 1/sqrt(fan-in) and the
+    weight-gradient operands by 1/sqrt(tokens per expert), so every output is about unit
+    size; g and u are drawn 4x wider than that, so the +-10 clamp is active in the checks.
+    """
+    gen = torch.Generator(device=device).manual_seed(seed)
+    t, e, d, f = _dims(shape)
+    per_expert = max(1.0, t / e)
+
+    def randn(*size: int, std: float = 1.0, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+        return torch.randn(*size, generator=gen, device=device, dtype=dtype).mul_(std)
+
+    def offsets() -> Tensor:
+        experts = torch.randint(e, (t,), generator=gen, device=device)
+        counts = torch.bincount(experts, minlength=e).cumsum(0)
+        return torch.cat([counts.new_zeros(1), counts]).int()
+
+    factories: dict[str, Callable[[], Tensor]] = {
+        "x": lambda: randn(t, d),
+        "offsets": offsets,
+        "weights": lambda: 0.1 + torch.rand(t, generator=gen, device=device),
+        "w13": lambda: randn(e, 2 * f, d, std=d ** -0.5),
+        "w2": lambda: randn(e, d, f, std=f ** -0.5),
+        "a": lambda: randn(t, f),
+        "gu": lambda: randn(t, 2 * f, std=4.0),
+        "dy": lambda: randn(t, d, std=(per_expert if "dw2" in names else d / f) ** -0.5),
+        "dgu": lambda: randn(t, 2 * f, std=(per_expert if "dw13" in names else 2 * f / d) ** -0.5),
+        "dw2": lambda: randn(e, d, f, dtype=torch.float32),
+        "dw13": lambda: randn(e, 2 * f, d, dtype=torch.float32),
+    }
+    return {name: factories[name]() for name in names}
+
+
+def _default_gemm_config(shape: Shape, block_n: int = 128) -> Config:
+    """Row tiles about one expert's load (64-128 rows at the V4 presets), 64-deep K steps."""
+    t, e, _, _ = _dims(shape)
+    block_m = min(128, max(32, triton.next_power_of_2(triton.cdiv(t, e))))
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 64, "GROUP_M": 8,
+            "num_warps": 8 if block_m == 128 else 4, "num_stages": 3}
+
+
+def _default_swiglu_bwd_config(shape: Shape) -> Config:
+    """Half-width column tiles: the SwiGLU-backward epilogue spills registers at 128 x 128."""
+    return _default_gemm_config(shape, block_n=64)
+
+
+def _default_wgrad_config(shape: Shape) -> Config:
+    """128 x 128 gradient tiles; token steps of 64, shorter for experts of fewer tokens."""
+    t, e, _, _ = _dims(shape)
+    return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": min(64, max(16, triton.next_power_of_2(triton.cdiv(t, e)))),
+            "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+
+
+_SHAPE_FIELDS = ("tokens", "experts", "hidden", "ffn")
+_PRESETS = {
+    # EP=8 (32 local experts, 4096 tokens x 6 picks / 8 ranks) and EP=1 (256 experts).
+    "v4-flash": [{"tokens": 3072, "experts": 32, "hidden": 4096, "ffn": 2048},
+                 {"tokens": 24576, "experts": 256, "hidden": 4096, "ffn": 2048}],
+    # EP=8 (48 of 384 experts) and EP=4 (96). A sweep holds the fp32 dW13 input, a run's
+    # output, the reference and the comparison's temporaries: about 6 x 17 GB here (and at
+    # Flash EP=1), 6 x 68 GB at Pro EP=1, which no H200 holds.
+    "v4-pro": [{"tokens": 3072, "experts": 48, "hidden": 7168, "ffn": 3072},
+               {"tokens": 6144, "experts": 96, "hidden": 7168, "ffn": 3072}],
+    # Ragged loads with rows, D and F not multiples of 16; 5 tokens over 8 experts leave >= 3 empty.
+    "small": [{"tokens": 22, "experts": 3, "hidden": 64, "ffn": 48},
+              {"tokens": 5, "experts": 8, "hidden": 40, "ffn": 24},
+              {"tokens": 37, "experts": 2, "hidden": 40, "ffn": 24}],
+}
+
+
+def _register_launch(
+    name: str,
+    fn: Callable[..., Any],
+    inputs: tuple[str, ...],
+    outputs: tuple[str, ...],
+    reference: Callable[..., Any],
+    ffn_factor: int,
+    default_config: Callable[[Shape], Config],
+) -> None:
+    """Register one launch: ``fn``, its reference, run and compile take the ``inputs`` in order.
+
+    ``ffn_factor`` is 2 for the launches over both halves of W13 (2 x tokens x hidden x 2F flops).
+    """
+    def args(values: Inputs) -> list[Any]:
+        return [values[n] for n in inputs]
+
+    def compile_only(values: Inputs, config: Config) -> None:
+        fn(*args(values), config, compile_only=True)
+
+    register(
+        TunableKernel(
+            name=name,
+            shape_fields=_SHAPE_FIELDS,
+            exact_fields=_SHAPE_FIELDS[1:],
+            make_inputs=lambda shape, device, seed: _make_inputs(inputs, shape, device, seed),
+            run=lambda values, config: fn(*args(values), config),
+            reference=lambda values: reference(*args(values)),
+            default_config=default_config,
+            bytes_moved=lambda shape: sum(_tensor_bytes(shape)[n] for n in (*inputs, *outputs)),
+            compile=compile_only,
+            flops=lambda shape: 2 * shape["tokens"] * shape["hidden"] * ffn_factor * shape["ffn"],
+            atol=2e-2,
+            rtol=2e-2,
+            presets=_PRESETS,
+        )
+    )
+
+
+_register_launch("expert_up_fwd", _up_fwd, ("x", "offsets", "w13"), ("a", "gu"), _up_fwd_reference, 2,
+                 _default_gemm_config)
+_register_launch("expert_down_fwd", _down_fwd, ("a", "offsets", "weights", "w2"), ("y",), _down_fwd_reference, 1,
+                 _default_gemm_config)
+_register_launch("expert_down_bwd_dx", _down_bwd_dx, ("dy", "offsets", "weights", "gu", "w2"), ("dgu", "dweights"),
+                 _down_bwd_dx_reference, 1, _default_swiglu_bwd_config)
+_register_launch("expert_down_bwd_dw", _down_bwd_dw, ("dy", "a", "offsets", "weights", "dw2"), ("dw2",),
+                 _down_bwd_dw_reference, 1, _default_wgrad_config)
+_register_launch("expert_up_bwd_dx", _up_bwd_dx, ("dgu", "offsets", "w13"), ("dx",), _up_bwd_dx_reference, 2,
+                 _default_gemm_config)
+_register_launch("expert_up_bwd_dw", _up_bwd_dw, ("dgu", "x", "offsets", "dw13"), ("dw13",), _up_bwd_dw_reference, 2,
+                 _default_wgrad_config)

@@ -1,0 +1,230 @@
+"""Grouped expert GEMMs with clamped SwiGLU: parity with eager per-expert loops, tile table, tuned configs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import grouped_gemm, registry, tuning
+from kernels.arch import kernel_device
+from kernels.grouped_gemm import SWIGLU_CLAMP, expert_mlp, expert_mlp_reference
+from search_spaces import load_space
+
+DEVICE = kernel_device()
+LAUNCHES = ("expert_up_fwd", "expert_down_fwd", "expert_down_bwd_dx", "expert_down_bwd_dw", "expert_up_bwd_dx",
+            "expert_up_bwd_dw")
+
+
+def _as_tuple(outputs):
+    return outputs if isinstance(outputs, tuple) else (outputs,)
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, tol: float = 3e-2) -> None:
+    """Within ``tol`` of the expected tensor's RMS, or ``tol`` relative per element.
+
+    The kernels round a and dgu to bf16 (the interpreter by truncation), which the fp32
+    reference does not: errors up to ~10% of the RMS on single elements of dW13 and dW2,
+    about 1% on average.
+    """
+    expected = expected.float()
+    scale = expected.square().mean().sqrt().item() if expected.numel() else 1.0
+    torch.testing.assert_close(actual.float(), expected, atol=tol * scale, rtol=tol)
+
+
+def _problem(loads: list[int], hidden: int, ffn: int, seed: int) -> dict[str, torch.Tensor]:
+    """A ragged problem whose gate and up pre-activations often pass +-10.
+
+    x holds small integers and W13 quarters, so g and u are exact in bf16 and fp32 alike
+    (some exactly +-10): kernel and reference put the clamp masks on the same elements.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    n_experts, tokens = len(loads), sum(loads)
+    offsets = torch.tensor([0, *torch.tensor(loads).cumsum(0).tolist()], dtype=torch.int32)
+    tensors = {
+        "x": torch.randint(-2, 3, (tokens, hidden), generator=gen).float(),
+        "weights": 0.1 + torch.rand(tokens, generator=gen),
+        "w13": torch.randint(-3, 4, (n_experts, 2 * ffn, hidden), generator=gen) / 4,
+        "w2": torch.randn(n_experts, hidden, ffn, generator=gen) * ffn ** -0.5,
+        "dy": torch.randn(tokens, hidden, generator=gen),
+    }
+    problem = {k: v.to(DEVICE, torch.float32 if k == "weights" else torch.bfloat16) for k, v in tensors.items()}
+    return {**problem, "offsets": offsets.to(DEVICE)}
+
+
+def _reference_grads(p: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    leaves = {k: p[k].float().requires_grad_() for k in ("x", "weights", "w13", "w2")}
+    y = expert_mlp_reference(leaves["x"], p["offsets"], leaves["weights"], leaves["w13"], leaves["w2"])
+    y.float().backward(p["dy"].float())
+    return y, {k: v.grad for k, v in leaves.items()}
+
+
+LOADS = [
+    pytest.param([5, 0, 17], 64, 48, id="5-0-17"),  # an empty expert; 17 rows = two row tiles of 16
+    pytest.param([0, 37, 0, 3], 40, 24, id="0-37-0-3"),  # D and F not multiples of 16 or 32
+    pytest.param([0, 0], 32, 16, id="no-tokens"),  # nothing routed: weight gradients are zeros
+]
+
+
+@pytest.mark.parametrize(("loads", "hidden", "ffn"), LOADS)
+def test_expert_mlp_forward_and_gradients_match_eager(loads, hidden, ffn):
+    p = _problem(loads, hidden, ffn, seed=sum(loads) + hidden)
+    leaves = {k: p[k].clone().requires_grad_() for k in ("x", "weights", "w13", "w2")}
+    y = expert_mlp(leaves["x"], p["offsets"], leaves["weights"], leaves["w13"], leaves["w2"])
+    y.backward(p["dy"])
+    y_ref, grads_ref = _reference_grads(p)
+
+    assert y.dtype == torch.bfloat16 and y.shape == y_ref.shape
+    _close(y, y_ref)
+    for name, grad in grads_ref.items():
+        assert leaves[name].grad.dtype == p[name].dtype, name
+        # dweights = sum_f a * (dy @ W2_e) meets no bf16 intermediate: a is recomputed from g and u.
+        _close(leaves[name].grad, grad, tol=1e-3 if name == "weights" else 3e-2)
+    if sum(loads):
+        gu = torch.cat([p["x"][a:b].float() @ p["w13"][e].float().T
+                        for e, (a, b) in enumerate(zip(p["offsets"][:-1].tolist(), p["offsets"][1:].tolist()))])
+        g, u = gu.chunk(2, dim=-1)
+        assert (g > SWIGLU_CLAMP).any() and (u.abs() > SWIGLU_CLAMP).any()  # the clamps are active
+    else:
+        assert not leaves["w13"].grad.any() and not leaves["w2"].grad.any()
+
+
+@pytest.mark.parametrize("buffer_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_weight_gradients_accumulate_in_place_into_given_buffers(buffer_dtype):
+    p = _problem([5, 0, 17], 64, 48, seed=11)
+    gen = torch.Generator().manual_seed(12)
+    prefill = {k: torch.randn(p[k].shape, generator=gen).to(DEVICE, buffer_dtype) for k in ("w13", "w2")}
+    buffers = {k: v.clone() for k, v in prefill.items()}
+    pointers = {k: v.data_ptr() for k, v in buffers.items()}
+    leaves = {k: p[k].clone().requires_grad_() for k in ("x", "weights", "w13", "w2")}
+    y = expert_mlp(leaves["x"], p["offsets"], leaves["weights"], leaves["w13"], leaves["w2"],
+                   grad_buffers=(buffers["w13"], buffers["w2"]))
+    y.backward(p["dy"])
+    _, grads_ref = _reference_grads(p)
+
+    assert leaves["w13"].grad is None and leaves["w2"].grad is None
+    _close(leaves["x"].grad, grads_ref["x"])
+    for name in ("w13", "w2"):
+        assert buffers[name].data_ptr() == pointers[name] and buffers[name].dtype == buffer_dtype
+        _close(buffers[name], prefill[name].float() + grads_ref[name])
+
+
+def test_tile_table_skips_empty_experts():
+    offsets = torch.tensor([0, 5, 5, 22], dtype=torch.int32).to(DEVICE)
+    table, tiles = grouped_gemm._tile_table(offsets, 16, 22)
+    assert tiles == 22 // 16 + 3
+    valid = table[0] >= 0
+    assert table[0].tolist() == [0, 2, 2, -1]
+    assert table[1][valid].tolist() == [0, 5, 21] and table[2][valid].tolist() == [5, 22, 22]
+
+
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_tile_table_covers_every_row_once(block_m):
+    gen = torch.Generator().manual_seed(block_m)
+    loads = torch.randint(0, 3 * block_m, (9,), generator=gen)
+    loads[::3] = 0
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), loads.cumsum(0)]).int()
+    table, _ = grouped_gemm._tile_table(offsets.to(DEVICE), block_m, int(offsets[-1]))
+    owner = torch.full((int(offsets[-1]),), -1)
+    for expert, start, end in table.cpu().T.tolist():
+        if expert < 0:
+            continue
+        rows = torch.arange(start, min(start + block_m, end))
+        assert offsets[expert] <= start < end == offsets[expert + 1]
+        assert (owner[rows] == -1).all()
+        owner[rows] = expert
+    assert torch.equal(owner, torch.repeat_interleave(torch.arange(9), loads))
+
+
+CONFIGS = [
+    {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 1, "num_stages": 1},
+    # K steps past the edge of D = 40 and F = 24; swizzle groups of 4 over a ragged row-tile count.
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 2, "num_stages": 2},
+    {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 64, "GROUP_M": 2, "num_warps": 4, "num_stages": 3},
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=["16-16-16", "16-32-32", "32-16-64"])
+@pytest.mark.parametrize("name", LAUNCHES)
+def test_tuned_configs_match_reference(name, config):
+    kernel = registry.get(name)
+    for shape in kernel.presets["small"]:
+        inputs = kernel.make_inputs(shape, DEVICE, seed=3)
+        outputs, expected = _as_tuple(kernel.run(inputs, config)), _as_tuple(kernel.reference(inputs))
+        assert len(outputs) == len(expected)
+        for out, ref in zip(outputs, expected):
+            assert out.shape == ref.shape and out.dtype == ref.dtype
+            torch.testing.assert_close(out.float(), ref.float(), atol=kernel.atol, rtol=kernel.rtol)
+
+
+@pytest.mark.parametrize("name", ["expert_down_bwd_dw", "expert_up_bwd_dw"])
+def test_weight_gradient_runs_leave_their_inputs_alone(name):
+    # The sweep runs a config many times on the same inputs: the gradient buffer must stay as drawn.
+    kernel = registry.get(name)
+    shape = kernel.presets["small"][0]
+    inputs = kernel.make_inputs(shape, DEVICE, seed=1)
+    before = {k: v.clone() for k, v in inputs.items()}
+    first = kernel.run(inputs, CONFIGS[0])
+    again = kernel.run(inputs, CONFIGS[0])
+    assert all(torch.equal(before[k], inputs[k]) for k in inputs)
+    assert torch.equal(first, again)
+
+
+@pytest.mark.parametrize("name", LAUNCHES)
+def test_inputs_are_seeded_random_and_compile_accepts_default(name):
+    kernel = registry.get(name)
+    shape = kernel.presets["small"][0]
+    first, again, other = (kernel.make_inputs(shape, DEVICE, seed) for seed in (5, 5, 6))
+    assert first.keys() == again.keys() == other.keys()
+    for key in first:
+        assert torch.equal(first[key], again[key])
+        assert not torch.equal(first[key], other[key])
+        if first[key].is_floating_point():
+            assert torch.count_nonzero(first[key]) == first[key].numel()
+    offsets = first["offsets"]
+    assert offsets[0] == 0 and offsets[-1] == shape["tokens"] and (offsets.diff() >= 0).all()
+    assert kernel.compile(first, kernel.default_config(shape)) is None
+
+
+@pytest.mark.parametrize("name", LAUNCHES)
+def test_defaults_fit_the_space_on_sm_90(name):
+    kernel, space = registry.get(name), load_space(name)
+    for shape in kernel.presets["v4-flash"] + kernel.presets["v4-pro"]:
+        assert space.violation(kernel.default_config(shape), shape, "sm_90") is None, shape
+
+
+def test_launches_resolve_registered_shapes(monkeypatch):
+    looked_up = []
+
+    def spy(name, shape):
+        looked_up.append((name, registry.get(name).shape_key(shape)))
+        return tuning.resolve(name, shape)
+
+    monkeypatch.setattr(grouped_gemm, "resolve", spy)
+    p = _problem([3, 2], 32, 16, seed=0)
+    leaves = {k: p[k].clone().requires_grad_() for k in ("x", "weights", "w13", "w2")}
+    expert_mlp(leaves["x"], p["offsets"], leaves["weights"], leaves["w13"], leaves["w2"]).backward(p["dy"])
+    key = "tokens=5,experts=2,hidden=32,ffn=16"
+    assert looked_up == [(name, key) for name in ("expert_up_fwd", "expert_down_fwd", "expert_down_bwd_dx",
+                                                  "expert_up_bwd_dx", "expert_down_bwd_dw", "expert_up_bwd_dw")]
+
+
+def test_flops_and_bytes_count_each_tensor_once():
+    shape = {"tokens": 3072, "experts": 32, "hidden": 4096, "ffn": 2048}
+    t, e, d, f = 3072, 32, 4096, 2048
+    up = registry.get("expert_up_fwd")
+    assert up.flops(shape) == 2 * t * d * 2 * f
+    assert up.bytes_moved(shape) == 2 * (t * d + e * 2 * f * d + t * f + t * 2 * f) + 4 * (e + 1)
+    down_dw = registry.get("expert_down_bwd_dw")
+    assert down_dw.flops(shape) == 2 * t * d * f
+    assert down_dw.bytes_moved(shape) == 2 * (t * d + t * f) + 4 * (t + e + 1) + 2 * 4 * e * d * f
+
+
+def test_bad_arguments_are_rejected():
+    p = _problem([2, 3], 32, 16, seed=0)
+    args = (p["x"], p["offsets"], p["weights"], p["w13"], p["w2"])
+    with pytest.raises(ValueError):
+        expert_mlp(p["x"].float(), *args[1:])
+    with pytest.raises(ValueError):
+        expert_mlp(*args[:4], p["w2"][:, :, :8])
+    with pytest.raises(ValueError):
+        expert_mlp(*args, grad_buffers=(torch.zeros_like(p["w13"], dtype=torch.float16), torch.zeros_like(p["w2"])))
