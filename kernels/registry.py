@@ -21,7 +21,9 @@ Config = dict[str, Any]
 Inputs = dict[str, Any]
 
 # Modules of the project that register kernels; imported on first lookup.
-BUILTIN_MODULES = ("kernels.rmsnorm", "kernels.sinkhorn", "kernels.router", "kernels.grouped_gemm")
+BUILTIN_MODULES = (
+    "kernels.rmsnorm", "kernels.sinkhorn", "kernels.mhc", "kernels.rope", "kernels.router", "kernels.grouped_gemm",
+)
 
 
 @dataclass(frozen=True)

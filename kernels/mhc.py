@@ -1,0 +1,779 @@
+"""mHC (DeepSeek-V4 manifold-constrained hyper-connections): the per-token glue around each sub-layer.
+
+The residual holds four streams, ``h [tokens, 4, D]``. Around every sub-layer:
+
+* ``mhc_glue``: project each token's flattened streams onto 24 logits, the RMS folded in
+  after the matmul, and gate them: ``pre`` (4), ``post`` (4) and the 4x4 ``comb`` logits
+  that ``kernels.sinkhorn`` turns into the mixing matrix C.
+* ``mhc_collapse``: ``u = sum_j pre_j * h_j``, the sub-layer's input.
+* ``mhc_expand``: ``h'_k = post_k * f + sum_j C[j, k] * h_j``, with f the sub-layer's output
+  (C applied transposed, as in the V4 reference).
+
+Glue forward: each program takes ``BLOCK_N`` tokens and walks the 4D axis in ``BLOCK_K``
+chunks, accumulating the ``[BLOCK_N, 32]`` projection (24 rows padded for ``tl.dot``) and the
+sum of squares from the same loads, so h is read once. The matmul keeps fp32 accuracy on
+bf16 tensor cores (``_dot_split``): fp32 operands are split into bf16 high and low parts,
+and bf16 h is exact as it is. The fp32 projection m and rstd are saved for the backward
+(100 bytes a token, next to 8D bytes of bf16 h).
+
+Glue backward: dh is token-local, but dfn sums over every token. The grid is (token slab,
+4D chunk): each program keeps one chunk of fn and of its dfn accumulator in registers and
+walks the tokens of its slab, recomputing the gate derivatives from the saved m rather than
+reading a precomputed buffer. It writes its fp32 piece of a ``[slabs, 24, 4D]`` partial
+buffer that is summed afterwards, as rmsnorm does for dweight: the summation order is fixed
+for a config (deterministic), and ``SLABS`` bounds the buffer: 16 slabs write 9% of the
+bytes the kernel must move at 4096 tokens x 4096 hidden (2% at 16384), and the sum reads
+them once more. The programs of the first chunk also write per-slab sums for dbase and dscale.
+
+Collapse and expand: each program takes ``BLOCK_T`` tokens and walks D in ``BLOCK_D`` chunks.
+A stream is a ``[BLOCK_T, BLOCK_D]`` tile, and the four are combined by a static loop in
+registers, so no ``[tokens, 4, D]`` temporary exists; sums over D (dpre, dpost, dC) stay in
+fp32 registers across chunks.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.arch import INTERPRETER_ARCH, current_arch
+from kernels.grouped_gemm import _mma
+from kernels.launch import launch
+from kernels.registry import Config, Inputs, Shape, TunableKernel, register
+from kernels.rmsnorm import _tile
+from kernels.tuning import resolve
+
+STREAMS = 4
+DEFAULT_EPS = 1e-6
+_N_LOGITS = 24  # 4 pre + 4 post + 16 comb
+_N_PAD = 32  # the logits padded to a tile width tl.dot accepts
+_GROUPS = ((0, 4), (4, 4), (8, 16))  # (first column, width) of pre, post, comb among the 24 logits
+_BF16_BYTES = 2
+_FP32_BYTES = 4
+_S = tl.constexpr(STREAMS)
+_LOGITS = tl.constexpr(_N_LOGITS)
+_LOGITS_PAD = tl.constexpr(_N_PAD)
+
+
+# --------------------------------------------------------------------------------------------
+# Glue: projection, RMS and gates
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _dot_split(a, b, acc, UPCAST: tl.constexpr):
+    """``acc + a @ b`` at about fp32 accuracy from bf16 products.
+
+    An fp32 operand is split into its bf16 rounding and the bf16 rounding of the remainder,
+    together within 2^-18 relative (2^-16 on the interpreter, which truncates); a bf16 operand
+    is exact and has no low part. The low-by-low product, as small, is dropped. ``UPCAST`` is
+    ``_mma``'s work-around for the CPU interpreter (the same bf16 values, as fp32 operands).
+    """
+    a_hi = a.to(tl.bfloat16)
+    b_hi = b.to(tl.bfloat16)
+    acc = _mma(a_hi, b_hi, acc, UPCAST)
+    if b.dtype != tl.bfloat16:
+        acc = _mma(a_hi, (b - b_hi.to(tl.float32)).to(tl.bfloat16), acc, UPCAST)
+    if a.dtype != tl.bfloat16:
+        acc = _mma((a - a_hi.to(tl.float32)).to(tl.bfloat16), b_hi, acc, UPCAST)
+    return acc
+
+
+@triton.jit
+def _group_tile(tokens, logits, n_tokens, FIRST: tl.constexpr, WIDTH: tl.constexpr):
+    """Offsets and mask of logit columns ``[FIRST, FIRST + WIDTH)`` of a ``[tokens, 32]`` tile
+    in their own row-major ``[n_tokens, WIDTH]`` tensor (pre, post, comb, or all 24 of m)."""
+    cols = logits - FIRST
+    offsets = tokens.to(tl.int64)[:, None] * WIDTH + cols[None, :]
+    mask = (tokens < n_tokens)[:, None] & ((cols >= 0) & (cols < WIDTH))[None, :]
+    return offsets, mask
+
+
+@triton.jit
+def _store_group(ptr, values, tokens, logits, n_tokens, FIRST: tl.constexpr, WIDTH: tl.constexpr):
+    offsets, mask = _group_tile(tokens, logits, n_tokens, FIRST, WIDTH)
+    tl.store(ptr + offsets, values, mask=mask)
+
+
+@triton.jit
+def _load_group(ptr, tokens, logits, n_tokens, FIRST: tl.constexpr, WIDTH: tl.constexpr):
+    offsets, mask = _group_tile(tokens, logits, n_tokens, FIRST, WIDTH)
+    return tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _gate_params(base_ptr, scale_ptr, logits):
+    """Per logit column, as ``[1, 32]`` rows: its base and its group's scale (pre, post, comb)."""
+    group = (logits >= 4).to(tl.int32) + (logits >= 8).to(tl.int32)
+    valid = logits < _LOGITS
+    base = tl.load(base_ptr + logits, mask=valid, other=0.0)
+    scale = tl.load(scale_ptr + group, mask=valid, other=0.0)
+    return base[None, :], scale[None, :]
+
+
+@triton.jit
+def _glue_fwd_kernel(
+    h_ptr, fn_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, m_ptr, rstd_ptr, n_tokens, width, eps,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+):
+    tokens = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    logits = tl.arange(0, _LOGITS_PAD)
+    ks = tl.arange(0, BLOCK_K)
+    proj = tl.zeros([BLOCK_N, _LOGITS_PAD], dtype=tl.float32)
+    sum_sq = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, width, BLOCK_K):
+        x_offsets, x_mask = _tile(tokens, k0 + ks, n_tokens, width)
+        x = tl.load(h_ptr + x_offsets, mask=x_mask, other=0.0)
+        w_offsets, w_mask = _tile(logits, k0 + ks, _LOGITS, width)
+        w = tl.load(fn_ptr + w_offsets, mask=w_mask, other=0.0)
+        proj = _dot_split(x, tl.trans(w), proj, UPCAST)
+        xf = x.to(tl.float32)
+        sum_sq += tl.sum(xf * xf, axis=1)
+    rstd = tl.rsqrt(sum_sq / width + eps)
+    tl.store(rstd_ptr + tokens, rstd, mask=tokens < n_tokens)
+    m = proj * rstd[:, None]
+    _store_group(m_ptr, m, tokens, logits, n_tokens, 0, _LOGITS)
+    base, scale = _gate_params(base_ptr, scale_ptr, logits)
+    z = m * scale + base
+    gate = tl.sigmoid(z)
+    cols = logits[None, :]
+    out = tl.where(cols < 4, gate + eps, tl.where(cols < 8, 2.0 * gate, z))
+    _store_group(pre_ptr, out, tokens, logits, n_tokens, 0, 4)
+    _store_group(post_ptr, out, tokens, logits, n_tokens, 4, 4)
+    _store_group(comb_ptr, out, tokens, logits, n_tokens, 8, 16)
+
+
+@triton.jit
+def _glue_bwd_kernel(
+    h_ptr, fn_ptr, base_ptr, scale_ptr, m_ptr, rstd_ptr, dpre_ptr, dpost_ptr, dcomb_ptr,
+    dh_ptr, dfn_partial_ptr, dgate_partial_ptr, n_tokens, width, tokens_per_slab,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+):
+    slab = tl.program_id(0)
+    first_chunk = tl.program_id(1) == 0
+    logits = tl.arange(0, _LOGITS_PAD)
+    ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    w_offsets, w_mask = _tile(logits, ks, _LOGITS, width)
+    w = tl.load(fn_ptr + w_offsets, mask=w_mask, other=0.0)
+    base, scale = _gate_params(base_ptr, scale_ptr, logits)
+    cols = logits[None, :]
+    dfn = tl.zeros([_LOGITS_PAD, BLOCK_K], dtype=tl.float32)
+    dbase = tl.zeros([_LOGITS_PAD], dtype=tl.float32)
+    dscale = tl.zeros([_LOGITS_PAD], dtype=tl.float32)  # per column; summed per group on the host
+    first_token = slab * tokens_per_slab
+    for t0 in range(first_token, tl.minimum(first_token + tokens_per_slab, n_tokens), BLOCK_N):
+        tokens = t0 + tl.arange(0, BLOCK_N)
+        m = _load_group(m_ptr, tokens, logits, n_tokens, 0, _LOGITS)
+        grad = (
+            _load_group(dpre_ptr, tokens, logits, n_tokens, 0, 4)
+            + _load_group(dpost_ptr, tokens, logits, n_tokens, 4, 4)
+            + _load_group(dcomb_ptr, tokens, logits, n_tokens, 8, 16)
+        )
+        rstd = tl.load(rstd_ptr + tokens, mask=tokens < n_tokens, other=0.0)
+        gate = tl.sigmoid(m * scale + base)
+        slope = gate * (1.0 - gate)
+        dz = grad * tl.where(cols < 4, slope, tl.where(cols < 8, 2.0 * slope, 1.0))
+        dm = dz * scale
+        # m = (x @ fn.T) * rstd(x): the matmul's gradient, and rstd's along x.
+        d_proj = dm * rstd[:, None]
+        d_rstd = rstd * rstd / width * tl.sum(dm * m, axis=1)
+        x_offsets, x_mask = _tile(tokens, ks, n_tokens, width)
+        x = tl.load(h_ptr + x_offsets, mask=x_mask, other=0.0)
+        dx = _dot_split(d_proj, w, tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32), UPCAST)
+        dx -= d_rstd[:, None] * x.to(tl.float32)
+        tl.store(dh_ptr + x_offsets, dx.to(dh_ptr.dtype.element_ty), mask=x_mask)
+        dfn = _dot_split(tl.trans(d_proj), x, dfn, UPCAST)
+        if first_chunk:
+            dbase += tl.sum(dz, axis=0)
+            dscale += tl.sum(dz * m, axis=0)
+    tl.store(dfn_partial_ptr + slab.to(tl.int64) * _LOGITS * width + w_offsets, dfn, mask=w_mask)
+    if first_chunk:
+        tl.store(dgate_partial_ptr + slab * 2 * _LOGITS_PAD + logits, dbase)
+        tl.store(dgate_partial_ptr + slab * 2 * _LOGITS_PAD + _LOGITS_PAD + logits, dscale)
+
+
+def _glue_forward(
+    h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float, config: Config,
+    compile_only: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """Launch the forward on contiguous ``h [tokens, 4D]``; returns ``(pre, post, comb, m, rstd)``."""
+    n_tokens, width = h.shape
+    fp32 = {"dtype": torch.float32, "device": h.device}
+    pre, post = torch.empty(n_tokens, STREAMS, **fp32), torch.empty(n_tokens, STREAMS, **fp32)
+    comb = torch.empty(n_tokens, STREAMS, STREAMS, **fp32)
+    m, rstd = torch.empty(n_tokens, _N_LOGITS, **fp32), torch.empty(n_tokens, **fp32)
+    launch(
+        _glue_fwd_kernel,
+        (triton.cdiv(n_tokens, config["BLOCK_N"]),),
+        (h, fn, base, scale, pre, post, comb, m, rstd, n_tokens, width, eps),
+        {"BLOCK_N": config["BLOCK_N"], "BLOCK_K": config["BLOCK_K"], "UPCAST": current_arch() == INTERPRETER_ARCH},
+        config,
+        compile_only,
+    )
+    return pre, post, comb, m, rstd
+
+
+def _glue_backward(
+    h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, m: torch.Tensor,
+    rstd: torch.Tensor, dpre: torch.Tensor, dpost: torch.Tensor, dcomb: torch.Tensor, config: Config,
+    compile_only: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """Launch the backward on contiguous tensors (fp32 gradients); returns ``(dh, dfn, dbase, dscale)``."""
+    n_tokens, width = h.shape
+    block_n = config["BLOCK_N"]
+    token_blocks = triton.cdiv(n_tokens, block_n)
+    tokens_per_slab = max(1, triton.cdiv(token_blocks, max(1, min(config["SLABS"], token_blocks)))) * block_n
+    slabs = triton.cdiv(n_tokens, tokens_per_slab)
+    dh = torch.empty_like(h)
+    dfn_partial = torch.empty(slabs, _N_LOGITS, width, dtype=torch.float32, device=h.device)
+    dgate_partial = torch.empty(slabs, 2, _N_PAD, dtype=torch.float32, device=h.device)
+    launch(
+        _glue_bwd_kernel,
+        (slabs, triton.cdiv(width, config["BLOCK_K"])),
+        (h, fn, base, scale, m, rstd, dpre, dpost, dcomb, dh, dfn_partial, dgate_partial, n_tokens, width,
+         tokens_per_slab),
+        {"BLOCK_N": block_n, "BLOCK_K": config["BLOCK_K"], "UPCAST": current_arch() == INTERPRETER_ARCH},
+        config,
+        compile_only,
+    )
+    dbase, dscale_cols = dgate_partial.sum(0)[:, :_N_LOGITS]
+    dscale = torch.stack([dscale_cols[first:first + size].sum() for first, size in _GROUPS])
+    return dh, dfn_partial.sum(0), dbase, dscale
+
+
+def _resolved(kernel: str, n_tokens: int, hidden: int) -> Config:
+    config, _ = resolve(kernel, {"tokens": n_tokens, "hidden": hidden})
+    return config
+
+
+def _check_residual(h: torch.Tensor) -> None:
+    if h.dim() < 2 or h.shape[-2] != STREAMS or h.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"h must be [..., {STREAMS}, D] in bfloat16 or float32, got {list(h.shape)} {h.dtype}")
+
+
+def _check_fp32(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if tuple(tensor.shape) != shape or tensor.dtype != torch.float32:
+        raise ValueError(f"{name} must be {list(shape)} float32, got {list(tensor.shape)} {tensor.dtype}")
+
+
+class _Glue(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float):
+        flat = h.reshape(-1, fn.shape[1]).contiguous()
+        pre, post, comb, m, rstd = _glue_forward(
+            flat, fn, base, scale, eps, _resolved("mhc_glue_fwd", flat.shape[0], h.shape[-1])
+        )
+        ctx.save_for_backward(flat, fn, base, scale, m, rstd)
+        ctx.h_shape = h.shape
+        lead = h.shape[:-2]
+        return pre.view(*lead, STREAMS), post.view(*lead, STREAMS), comb.view(*lead, STREAMS, STREAMS)
+
+    @staticmethod
+    def backward(ctx, dpre: torch.Tensor, dpost: torch.Tensor, dcomb: torch.Tensor):
+        flat, fn, base, scale, m, rstd = ctx.saved_tensors
+        n_tokens = flat.shape[0]
+        grads = (g.reshape(n_tokens, -1).float().contiguous() for g in (dpre, dpost, dcomb))
+        dh, dfn, dbase, dscale = _glue_backward(
+            flat, fn, base, scale, m, rstd, *grads, _resolved("mhc_glue_bwd", n_tokens, ctx.h_shape[-1])
+        )
+        return dh.view(ctx.h_shape), dfn, dbase, dscale, None
+
+
+def mhc_glue(
+    h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float = DEFAULT_EPS
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gates of one mHC sub-layer from the residual ``h [..., 4, D]`` (bf16 or fp32).
+
+    ``fn [24, 4D]``, ``base [24]`` and ``scale [3]`` are fp32. Returns fp32 ``pre [..., 4]``,
+    ``post [..., 4]`` and the Sinkhorn logits ``comb [..., 4, 4]``; differentiable in h and in
+    every parameter. Launch parameters come from ``kernels.tuning.resolve``.
+    """
+    _check_residual(h)
+    width = STREAMS * h.shape[-1]
+    _check_fp32("fn", fn, (_N_LOGITS, width))
+    _check_fp32("base", base, (_N_LOGITS,))
+    _check_fp32("scale", scale, (3,))
+    return _Glue.apply(h, fn.contiguous(), base.contiguous(), scale.contiguous(), eps)
+
+
+def mhc_glue_reference(
+    h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float = DEFAULT_EPS
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eager (differentiable) fp32 math of ``mhc_glue``, as the V4 reference writes it."""
+    xf = h.flatten(-2).float()
+    m = (xf @ fn.T) * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    pre = torch.sigmoid(m[..., :4] * scale[0] + base[:4]) + eps
+    post = 2 * torch.sigmoid(m[..., 4:8] * scale[1] + base[4:8])
+    comb = m[..., 8:] * scale[2] + base[8:]
+    return pre, post, comb.unflatten(-1, (STREAMS, STREAMS))
+
+
+# --------------------------------------------------------------------------------------------
+# Collapse and expand: mixing the four streams
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _stream_tile(tokens, cols, n_tokens, hidden, stream):
+    """Offsets and mask of one stream's ``[tokens, cols]`` tile of a ``[n_tokens, 4, hidden]`` tensor."""
+    return _tile(tokens * _S + stream, cols, n_tokens * _S, hidden)
+
+
+@triton.jit
+def _streams_tile(tokens, cols, n_tokens, hidden):
+    """Offsets and mask of the ``[tokens, 4, cols]`` tile of a ``[n_tokens, 4, hidden]`` tensor."""
+    rows = tokens[:, None] * _S + tl.arange(0, _S)[None, :]
+    offsets = rows.to(tl.int64)[:, :, None] * hidden + cols[None, None, :]
+    mask = (tokens < n_tokens)[:, None, None] & (cols < hidden)[None, None, :]
+    return offsets, mask
+
+
+@triton.jit
+def _load_stream(ptr, tokens, cols, n_tokens, hidden, stream):
+    offsets, mask = _stream_tile(tokens, cols, n_tokens, hidden, stream)
+    return tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _stream_weight(ptr, tokens, n_tokens, stream):
+    """Column ``stream`` of a per-token ``[n_tokens, 4]`` fp32 weight (pre or post), as ``[tokens]``."""
+    return tl.load(ptr + tokens.to(tl.int64) * _S + stream, mask=tokens < n_tokens, other=0.0)
+
+
+@triton.jit
+def _load_small(ptr, tokens, cols, n_tokens, n_cols):
+    """The ``[tokens, cols]`` tile of a small per-token fp32 tensor ``[n_tokens, n_cols]``."""
+    offsets, mask = _tile(tokens, cols, n_tokens, n_cols)
+    return tl.load(ptr + offsets, mask=mask, other=0.0)
+
+
+@triton.jit
+def _collapse_fwd_kernel(h_ptr, pre_ptr, u_ptr, n_tokens, hidden, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    for d0 in range(0, hidden, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        u = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        for j in tl.static_range(_S):
+            u += _stream_weight(pre_ptr, tokens, n_tokens, j)[:, None] * _load_stream(
+                h_ptr, tokens, cols, n_tokens, hidden, j
+            )
+        offsets, mask = _tile(tokens, cols, n_tokens, hidden)
+        tl.store(u_ptr + offsets, u.to(u_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _collapse_bwd_kernel(
+    h_ptr, pre_ptr, du_ptr, dh_ptr, dpre_ptr, n_tokens, hidden, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr
+):
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    streams = tl.arange(0, _S)
+    dpre = tl.zeros([BLOCK_T, _S], dtype=tl.float32)
+    for d0 in range(0, hidden, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        offsets, mask = _tile(tokens, cols, n_tokens, hidden)
+        du = tl.load(du_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        for j in tl.static_range(_S):
+            h_offsets, h_mask = _stream_tile(tokens, cols, n_tokens, hidden, j)
+            h_j = tl.load(h_ptr + h_offsets, mask=h_mask, other=0.0).to(tl.float32)
+            dh_j = _stream_weight(pre_ptr, tokens, n_tokens, j)[:, None] * du
+            tl.store(dh_ptr + h_offsets, dh_j.to(dh_ptr.dtype.element_ty), mask=h_mask)
+            dpre += tl.where(streams[None, :] == j, tl.sum(du * h_j, axis=1)[:, None], 0.0)
+    offsets, mask = _tile(tokens, streams, n_tokens, _S)
+    tl.store(dpre_ptr + offsets, dpre, mask=mask)
+
+
+@triton.jit
+def _expand_fwd_kernel(
+    f_ptr, h_ptr, post_ptr, comb_ptr, out_ptr, n_tokens, hidden, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr
+):
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    streams = tl.arange(0, _S)
+    post = _load_small(post_ptr, tokens, streams, n_tokens, _S)
+    for d0 in range(0, hidden, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        offsets, mask = _tile(tokens, cols, n_tokens, hidden)
+        f = tl.load(f_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        out = post[:, :, None] * f[:, None, :]
+        for j in tl.static_range(_S):
+            comb_j = _load_small(comb_ptr, tokens, streams + j * _S, n_tokens, _S * _S)  # C[t, j, :]
+            out += comb_j[:, :, None] * _load_stream(h_ptr, tokens, cols, n_tokens, hidden, j)[:, None, :]
+        offsets, mask = _streams_tile(tokens, cols, n_tokens, hidden)
+        tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _expand_bwd_kernel(
+    f_ptr, h_ptr, post_ptr, comb_ptr, dout_ptr, df_ptr, dh_ptr, dpost_ptr, dcomb_ptr, n_tokens, hidden,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    streams = tl.arange(0, _S)
+    dpost = tl.zeros([BLOCK_T, _S], dtype=tl.float32)
+    dcomb = tl.zeros([BLOCK_T, _S, _S], dtype=tl.float32)  # [t, j, k]
+    for d0 in range(0, hidden, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        offsets, mask = _tile(tokens, cols, n_tokens, hidden)
+        f = tl.load(f_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        h_offsets, h_mask = _streams_tile(tokens, cols, n_tokens, hidden)
+        h = tl.load(h_ptr + h_offsets, mask=h_mask, other=0.0).to(tl.float32)
+        df = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        dh = tl.zeros([BLOCK_T, _S, BLOCK_D], dtype=tl.float32)
+        for k in tl.static_range(_S):
+            grad = _load_stream(dout_ptr, tokens, cols, n_tokens, hidden, k)
+            df += _stream_weight(post_ptr, tokens, n_tokens, k)[:, None] * grad
+            comb_k = _load_small(comb_ptr, tokens, streams * _S + k, n_tokens, _S * _S)  # C[t, :, k]
+            dh += comb_k[:, :, None] * grad[:, None, :]
+            dpost += tl.where(streams[None, :] == k, tl.sum(grad * f, axis=1)[:, None], 0.0)
+            dcomb += tl.where(streams[None, None, :] == k, tl.sum(h * grad[:, None, :], axis=2)[:, :, None], 0.0)
+        tl.store(df_ptr + offsets, df.to(df_ptr.dtype.element_ty), mask=mask)
+        tl.store(dh_ptr + h_offsets, dh.to(dh_ptr.dtype.element_ty), mask=h_mask)
+    offsets, mask = _tile(tokens, streams, n_tokens, _S)
+    tl.store(dpost_ptr + offsets, dpost, mask=mask)
+    offsets, mask = _streams_tile(tokens, streams, n_tokens, _S)
+    tl.store(dcomb_ptr + offsets, dcomb, mask=mask)
+
+
+def _launch_streams(kernel, args: tuple, n_tokens: int, hidden: int, config: Config, compile_only: bool) -> None:
+    """Launch a collapse/expand kernel: ``BLOCK_T`` tokens a program, D walked in ``BLOCK_D`` chunks."""
+    launch(
+        kernel,
+        (triton.cdiv(n_tokens, config["BLOCK_T"]),),
+        (*args, n_tokens, hidden),
+        {"BLOCK_T": config["BLOCK_T"], "BLOCK_D": min(config["BLOCK_D"], triton.next_power_of_2(hidden))},
+        config,
+        compile_only,
+    )
+
+
+def _collapse_forward(h: torch.Tensor, pre: torch.Tensor, config: Config, compile_only: bool = False) -> torch.Tensor:
+    """Launch on contiguous ``h [tokens, 4, D]`` and fp32 ``pre [tokens, 4]``; returns ``u [tokens, D]``."""
+    n_tokens, _, hidden = h.shape
+    u = h.new_empty(n_tokens, hidden)
+    _launch_streams(_collapse_fwd_kernel, (h, pre, u), n_tokens, hidden, config, compile_only)
+    return u
+
+
+def _collapse_backward(
+    h: torch.Tensor, pre: torch.Tensor, du: torch.Tensor, config: Config, compile_only: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch on contiguous tensors; returns ``(dh, dpre)``."""
+    n_tokens, _, hidden = h.shape
+    dh, dpre = torch.empty_like(h), torch.empty_like(pre)
+    _launch_streams(_collapse_bwd_kernel, (h, pre, du, dh, dpre), n_tokens, hidden, config, compile_only)
+    return dh, dpre
+
+
+def _expand_forward(
+    f: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, config: Config,
+    compile_only: bool = False,
+) -> torch.Tensor:
+    """Launch on contiguous ``f [tokens, D]``, ``h [tokens, 4, D]``, fp32 ``post`` and ``comb``; returns h'."""
+    n_tokens, _, hidden = h.shape
+    out = torch.empty_like(h)
+    _launch_streams(_expand_fwd_kernel, (f, h, post, comb, out), n_tokens, hidden, config, compile_only)
+    return out
+
+
+def _expand_backward(
+    f: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, dout: torch.Tensor, config: Config,
+    compile_only: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """Launch on contiguous tensors; returns ``(df, dh, dpost, dcomb)``."""
+    n_tokens, _, hidden = h.shape
+    df, dh, dpost, dcomb = (torch.empty_like(t) for t in (f, h, post, comb))
+    _launch_streams(
+        _expand_bwd_kernel, (f, h, post, comb, dout, df, dh, dpost, dcomb), n_tokens, hidden, config, compile_only
+    )
+    return df, dh, dpost, dcomb
+
+
+def _token_major(t: torch.Tensor, *tail: int) -> torch.Tensor:
+    """``t`` as a contiguous ``[tokens, *tail]`` tensor."""
+    return t.reshape(-1, *tail).contiguous()
+
+
+class _Collapse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        hidden = h.shape[-1]
+        h3, pre2 = _token_major(h, STREAMS, hidden), _token_major(pre, STREAMS)
+        u = _collapse_forward(h3, pre2, _resolved("mhc_collapse_fwd", h3.shape[0], hidden))
+        ctx.save_for_backward(h3, pre2)
+        ctx.shapes = h.shape, pre.shape
+        return u.view(*h.shape[:-2], hidden)
+
+    @staticmethod
+    def backward(ctx, du: torch.Tensor):
+        h3, pre2 = ctx.saved_tensors
+        n_tokens, _, hidden = h3.shape
+        dh, dpre = _collapse_backward(
+            h3, pre2, _token_major(du, hidden), _resolved("mhc_collapse_bwd", n_tokens, hidden)
+        )
+        h_shape, pre_shape = ctx.shapes
+        return dh.view(h_shape), dpre.view(pre_shape)
+
+
+class _Expand(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, f: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+        hidden = h.shape[-1]
+        flat = (_token_major(f, hidden), _token_major(h, STREAMS, hidden), _token_major(post, STREAMS),
+                _token_major(comb, STREAMS, STREAMS))
+        out = _expand_forward(*flat, _resolved("mhc_expand_fwd", flat[0].shape[0], hidden))
+        ctx.save_for_backward(*flat)
+        ctx.shapes = tuple(t.shape for t in (f, h, post, comb))
+        return out.view(h.shape)
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor):
+        f, h, post, comb = ctx.saved_tensors
+        n_tokens, _, hidden = h.shape
+        grads = _expand_backward(
+            f, h, post, comb, _token_major(dout, STREAMS, hidden), _resolved("mhc_expand_bwd", n_tokens, hidden)
+        )
+        return tuple(g.view(shape) for g, shape in zip(grads, ctx.shapes))
+
+
+def mhc_collapse(h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """``u = sum_j pre_j * h_j``: the sub-layer input from ``h [..., 4, D]`` and fp32 ``pre [..., 4]``.
+
+    u has h's dtype (bf16 or fp32), accumulated in fp32; differentiable in h and pre.
+    """
+    _check_residual(h)
+    _check_fp32("pre", pre, (*h.shape[:-1],))
+    return _Collapse.apply(h, pre)
+
+
+def mhc_expand(f: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """``h'_k = post_k * f + sum_j comb[j, k] * h_j``: the residual after a sub-layer.
+
+    ``f [..., D]`` is the sub-layer's output in h's dtype, ``post [..., 4]`` and the Sinkhorn
+    matrix ``comb [..., 4, 4]`` are fp32. h' has h's shape and dtype, accumulated in fp32;
+    differentiable in every input.
+    """
+    _check_residual(h)
+    if f.shape != h.shape[:-2] + h.shape[-1:] or f.dtype != h.dtype:
+        raise ValueError(f"f must be {list(h.shape[:-2] + h.shape[-1:])} {h.dtype}, got {list(f.shape)} {f.dtype}")
+    _check_fp32("post", post, (*h.shape[:-1],))
+    _check_fp32("comb", comb, (*h.shape[:-1], STREAMS))
+    return _Expand.apply(f, h, post, comb)
+
+
+def mhc_collapse_reference(h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """Eager (differentiable) math of ``mhc_collapse``, in fp32, returned in h's dtype."""
+    return (pre.float()[..., None] * h.float()).sum(-2).to(h.dtype)
+
+
+def mhc_expand_reference(f: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """Eager (differentiable) math of ``mhc_expand``, in fp32, returned in h's dtype."""
+    mixed = torch.einsum("...jk,...jd->...kd", comb.float(), h.float())
+    return (post.float()[..., None] * f.float()[..., None, :] + mixed).to(h.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Registration: inputs, references, heuristic defaults, bytes
+# --------------------------------------------------------------------------------------------
+
+
+def _random_glue(shape: Shape, seed: int, backward: bool) -> dict[str, torch.Tensor]:
+    """CPU tensors of the bf16 glue problem; with ``backward``, the saved m and rstd and fp32 gradients."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens, hidden = shape["tokens"], shape["hidden"]
+    width = STREAMS * hidden
+    h = torch.randn(tokens, STREAMS, hidden, generator=gen).to(torch.bfloat16)
+    inputs = {
+        "h": h,
+        "fn": torch.randn(_N_LOGITS, width, generator=gen) / width**0.5,  # keeps m near unit scale
+        "base": 0.5 * torch.randn(_N_LOGITS, generator=gen),
+        "scale": 1.0 + 0.25 * torch.randn(3, generator=gen),
+    }
+    if backward:
+        xf = h.flatten(-2).float()
+        rstd = torch.rsqrt(xf.square().mean(-1) + DEFAULT_EPS)
+        inputs |= {
+            "m": (xf @ inputs["fn"].T) * rstd[:, None],
+            "rstd": rstd,
+            "dpre": torch.randn(tokens, STREAMS, generator=gen),
+            "dpost": torch.randn(tokens, STREAMS, generator=gen),
+            "dcomb": torch.randn(tokens, STREAMS, STREAMS, generator=gen),
+        }
+    return inputs
+
+
+def _random_streams(shape: Shape, seed: int, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """CPU tensors ``names`` of a bf16 collapse/expand problem: gates in their real ranges."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens, hidden = shape["tokens"], shape["hidden"]
+    makers = {
+        "h": lambda: torch.randn(tokens, STREAMS, hidden, generator=gen).to(torch.bfloat16),
+        "f": lambda: torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16),
+        "pre": lambda: torch.sigmoid(torch.randn(tokens, STREAMS, generator=gen)) + DEFAULT_EPS,
+        "post": lambda: 2 * torch.sigmoid(torch.randn(tokens, STREAMS, generator=gen)),
+        "comb": lambda: torch.softmax(torch.randn(tokens, STREAMS, STREAMS, generator=gen), -1),
+        "du": lambda: torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16),
+        "dout": lambda: torch.randn(tokens, STREAMS, hidden, generator=gen).to(torch.bfloat16),
+    }
+    return {name: makers[name]() for name in names}
+
+
+def _reference_grads(function, inputs: Inputs, primals: tuple[str, ...], cotangents: tuple[str, ...]):
+    """Gradients of ``function(*primals)`` given the cotangents, by autograd through the eager math."""
+    with torch.enable_grad():
+        leaves = [inputs[name].detach().requires_grad_() for name in primals]
+        outputs = function(*leaves)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        return torch.autograd.grad(outputs, leaves, [inputs[name] for name in cotangents])
+
+
+def _glue_default(shape: Shape, backward: bool) -> Config:
+    """Forward: 32 tokens a program up to 8192 tokens (128 programs at 4096 for 132 SMs), then 64
+    (wgmma); every program reads all of fn from L2, so wider token tiles read less of it.
+    Backward: 32-token steps over 128-wide chunks, 16 slabs once there are 16 token blocks."""
+    tokens = shape["tokens"]
+    block_n = max(16, min(32 if backward or tokens <= 8192 else 64, triton.next_power_of_2(tokens)))
+    if not backward:
+        return {"BLOCK_N": block_n, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
+    slabs = 16 if triton.cdiv(tokens, block_n) >= 16 else 8
+    return {"BLOCK_N": block_n, "BLOCK_K": 128, "SLABS": slabs, "num_warps": 8, "num_stages": 2}
+
+
+def _streams_default(shape: Shape, backward: bool) -> Config:
+    """About 2048 values a stream tile forward, one token backward (where four streams of h and
+    dh live at once), at about 8 values a thread."""
+    block_d = min(1024, max(256, triton.next_power_of_2(shape["hidden"])))
+    block_t = 1 if backward else max(1, min(8, 2048 // block_d, triton.next_power_of_2(shape["tokens"])))
+    width = block_t * min(block_d, triton.next_power_of_2(shape["hidden"]))
+    return {"BLOCK_T": block_t, "BLOCK_D": block_d, "num_warps": max(1, min(8, width // 256)), "num_stages": 1}
+
+
+def _glue_bytes(shape: Shape, backward: bool) -> int:
+    """h once (and dh), fn once (and dfn), the 24 fp32 gate values a token (and their gradients);
+    the forward's saved m and rstd are not counted, as rmsnorm does not count rstd."""
+    tokens, width = shape["tokens"], STREAMS * shape["hidden"]
+    params = _FP32_BYTES * (_N_LOGITS * width + _N_LOGITS + 3)
+    gates = _FP32_BYTES * _N_LOGITS * tokens
+    if not backward:
+        return _BF16_BYTES * tokens * width + params + gates
+    saved = _FP32_BYTES * (_N_LOGITS + 1) * tokens
+    return 2 * (_BF16_BYTES * tokens * width + params) + gates + saved
+
+
+def _glue_flops(shape: Shape, backward: bool) -> int:
+    """The projection's multiply-adds (the backward has two: dh and dfn)."""
+    return (2 if backward else 1) * 2 * shape["tokens"] * STREAMS * shape["hidden"] * _N_LOGITS
+
+
+def _bytes_per_token(residuals: int, rows: int, small_fp32: int):
+    """Bytes of a streams kernel touching ``residuals`` [4, D] and ``rows`` [D] bf16 tensors and
+    ``small_fp32`` fp32 values a token."""
+
+    def bytes_moved(shape: Shape) -> int:
+        per_token = _BF16_BYTES * shape["hidden"] * (STREAMS * residuals + rows) + _FP32_BYTES * small_fp32
+        return shape["tokens"] * per_token
+
+    return bytes_moved
+
+
+_SHAPE_FIELDS = ("tokens", "hidden")
+_PRESETS = {
+    "v4-flash": [{"tokens": t, "hidden": 4096} for t in (4096, 16384)],
+    "v4-pro": [{"tokens": t, "hidden": 7168} for t in (4096, 16384)],
+    "small": [{"tokens": 37, "hidden": 96}, {"tokens": 5, "hidden": 40}],
+}
+
+
+def _launch_glue_fwd(inputs: Inputs, config: Config, compile_only: bool) -> tuple[torch.Tensor, ...]:
+    h = inputs["h"]
+    flat = h.view(h.shape[0], -1)
+    return _glue_forward(flat, inputs["fn"], inputs["base"], inputs["scale"], DEFAULT_EPS, config, compile_only)[:3]
+
+
+def _launch_glue_bwd(inputs: Inputs, config: Config, compile_only: bool) -> tuple[torch.Tensor, ...]:
+    h = inputs["h"]
+    saved_and_grads = (inputs[name] for name in ("fn", "base", "scale", "m", "rstd", "dpre", "dpost", "dcomb"))
+    dh, *param_grads = _glue_backward(h.view(h.shape[0], -1), *saved_and_grads, config, compile_only)
+    return (dh.view(h.shape), *param_grads)
+
+
+def _launcher(function, names: tuple[str, ...]):
+    """``launcher(inputs, config, compile_only)`` calling ``function(*inputs[names], config, compile_only)``."""
+    return lambda inputs, config, compile_only: function(*(inputs[n] for n in names), config, compile_only)
+
+
+def _register(name: str, launcher, make_inputs, **fields) -> None:
+    """Register ``name``; ``launcher(inputs, config, compile_only)`` launches it or only compiles it."""
+
+    def compile_config(inputs: Inputs, config: Config) -> None:
+        launcher(inputs, config, True)
+
+    register(
+        TunableKernel(
+            name=name,
+            shape_fields=_SHAPE_FIELDS,
+            exact_fields=("hidden",),
+            make_inputs=lambda shape, device, seed: {n: t.to(device) for n, t in make_inputs(shape, seed).items()},
+            run=lambda inputs, config: launcher(inputs, config, False),
+            compile=compile_config,
+            presets=_PRESETS,
+            **fields,
+        )
+    )
+
+
+_GLUE_PARAMS = ("h", "fn", "base", "scale")
+_GLUE_GRADS = ("dpre", "dpost", "dcomb")
+
+_register(
+    "mhc_glue_fwd",
+    _launch_glue_fwd,
+    lambda shape, seed: _random_glue(shape, seed, backward=False),
+    reference=lambda i: mhc_glue_reference(*(i[n] for n in _GLUE_PARAMS)),
+    default_config=lambda shape: _glue_default(shape, backward=False),
+    bytes_moved=lambda shape: _glue_bytes(shape, backward=False),
+    flops=lambda shape: _glue_flops(shape, backward=False),
+    atol=1e-4,  # fp32 gates: summation order and the 2^-18 split of fn differ
+    rtol=1e-4,
+)
+_register(
+    "mhc_glue_bwd",
+    _launch_glue_bwd,
+    lambda shape, seed: _random_glue(shape, seed, backward=True),
+    reference=lambda i: _reference_grads(mhc_glue_reference, i, _GLUE_PARAMS, _GLUE_GRADS),
+    default_config=lambda shape: _glue_default(shape, backward=True),
+    bytes_moved=lambda shape: _glue_bytes(shape, backward=True),
+    flops=lambda shape: _glue_flops(shape, backward=True),
+)
+_register(
+    "mhc_collapse_fwd",
+    _launcher(_collapse_forward, ("h", "pre")),
+    lambda shape, seed: _random_streams(shape, seed, ("h", "pre")),
+    reference=lambda i: mhc_collapse_reference(i["h"], i["pre"]),
+    default_config=lambda shape: _streams_default(shape, backward=False),
+    bytes_moved=_bytes_per_token(residuals=1, rows=1, small_fp32=STREAMS),
+)
+_register(
+    "mhc_collapse_bwd",
+    _launcher(_collapse_backward, ("h", "pre", "du")),
+    lambda shape, seed: _random_streams(shape, seed, ("h", "pre", "du")),
+    reference=lambda i: _reference_grads(mhc_collapse_reference, i, ("h", "pre"), ("du",)),
+    default_config=lambda shape: _streams_default(shape, backward=True),
+    bytes_moved=_bytes_per_token(residuals=2, rows=1, small_fp32=2 * STREAMS),
+)
+_EXPAND_INPUTS = ("f", "h", "post", "comb")
+_register(
+    "mhc_expand_fwd",
+    _launcher(_expand_forward, _EXPAND_INPUTS),
+    lambda shape, seed: _random_streams(shape, seed, _EXPAND_INPUTS),
+    reference=lambda i: mhc_expand_reference(*(i[n] for n in _EXPAND_INPUTS)),
+    default_config=lambda shape: _streams_default(shape, backward=False),
+    bytes_moved=_bytes_per_token(residuals=2, rows=1, small_fp32=STREAMS + STREAMS * STREAMS),
+)
+_register(
+    "mhc_expand_bwd",
+    _launcher(_expand_backward, _EXPAND_INPUTS + ("dout",)),
+    lambda shape, seed: _random_streams(shape, seed, _EXPAND_INPUTS + ("dout",)),
+    reference=lambda i: _reference_grads(mhc_expand_reference, i, _EXPAND_INPUTS, ("dout",)),
+    default_config=lambda shape: _streams_default(shape, backward=True),
+    bytes_moved=_bytes_per_token(residuals=3, rows=2, small_fp32=2 * (STREAMS + STREAMS * STREAMS)),
+)
