@@ -1,1 +1,1 @@
-"""Parallelism planning for DeepSeek-V4 training: pipeline layouts and their validation."""
+"""Parallelism planning for DeepSeek-V4 training: pipeline layouts and the schedules they run."""
