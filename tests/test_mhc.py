@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels import mhc, registry
-from kernels.arch import current_arch, kernel_device
+from kernels.arch import kernel_device
 from kernels.mhc import (
     mhc_collapse,
     mhc_collapse_reference,
@@ -20,6 +20,7 @@ from kernels.mhc import (
 from kernels.rmsnorm import rms_norm, rms_norm_reference
 from kernels.sinkhorn import sinkhorn, sinkhorn_reference
 from search_spaces import load_space
+from tests.kernel_checks import assert_config_matches_reference, assert_seeded_random_inputs
 
 DEVICE = kernel_device()
 KERNELS = [f"mhc_{op}_{d}" for op in ("glue", "collapse", "expand") for d in ("fwd", "bwd")]
@@ -189,23 +190,10 @@ CONFIGS = {
 }
 
 
-def _as_tuple(outputs):
-    return outputs if isinstance(outputs, tuple) else (outputs,)
-
 
 @pytest.mark.parametrize(("name", "config"), [(n, c) for n, configs in CONFIGS.items() for c in configs])
 def test_tuned_configs_match_reference(name, config):
-    kernel = registry.get(name)
-    space = load_space(name)
-    for shape in kernel.presets["small"]:
-        if space.violation(config, shape, current_arch()):
-            continue  # e.g. more shared memory than the GPU has; the interpreter runs every config
-        inputs = kernel.make_inputs(shape, DEVICE, seed=3)
-        outputs, expected = _as_tuple(kernel.run(inputs, config)), _as_tuple(kernel.reference(inputs))
-        assert len(outputs) == len(expected)
-        for out, ref in zip(outputs, expected):
-            assert out.shape == ref.shape and out.dtype == ref.dtype
-            torch.testing.assert_close(out.float(), ref.float(), atol=kernel.atol, rtol=kernel.rtol)
+    assert_config_matches_reference(registry.get(name), config, seed=3)
 
 
 def test_launches_resolve_their_own_kernel_at_tokens_and_hidden(monkeypatch):
@@ -249,13 +237,7 @@ def test_bad_shapes_and_dtypes_are_rejected():
 def test_inputs_are_seeded_random_and_compile_accepts_default(name):
     kernel = registry.get(name)
     shape = kernel.presets["small"][0]
-    first, again, other = (kernel.make_inputs(shape, DEVICE, seed) for seed in (5, 5, 6))
-    assert first.keys() == again.keys() == other.keys()
-    for key in first:
-        assert torch.equal(first[key], again[key])
-        assert not torch.equal(first[key], other[key])
-        assert torch.count_nonzero(first[key]) == first[key].numel()
-    assert kernel.compile(first, kernel.default_config(shape)) is None
+    assert_seeded_random_inputs(kernel, shape)
 
 
 @pytest.mark.parametrize("name", KERNELS)

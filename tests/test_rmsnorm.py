@@ -8,6 +8,7 @@ import torch
 from kernels import registry, rmsnorm, tuning
 from kernels.arch import kernel_device
 from kernels.rmsnorm import rms_norm, rms_norm_reference
+from tests.kernel_checks import assert_config_matches_reference, assert_seeded_random_inputs
 
 DEVICE = kernel_device()
 # bf16 outputs are compared with a fp32 reference: about one bf16 rounding step apart.
@@ -17,9 +18,6 @@ TOLERANCES = {torch.bfloat16: {"atol": 3e-2, "rtol": 2e-2}, torch.float32: {"ato
 def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
     torch.testing.assert_close(actual.float(), expected.float(), **TOLERANCES[dtype])
 
-
-def _as_tuple(outputs):
-    return outputs if isinstance(outputs, tuple) else (outputs,)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
@@ -77,14 +75,7 @@ BWD_CONFIGS = [
     [("rmsnorm_fwd", c) for c in FWD_CONFIGS] + [("rmsnorm_bwd", c) for c in BWD_CONFIGS],
 )
 def test_tuned_configs_match_reference(name, config):
-    kernel = registry.get(name)
-    for shape in kernel.presets["small"]:
-        inputs = kernel.make_inputs(shape, DEVICE, seed=3)
-        outputs, expected = _as_tuple(kernel.run(inputs, config)), _as_tuple(kernel.reference(inputs))
-        assert len(outputs) == len(expected)
-        for out, ref in zip(outputs, expected):
-            assert out.shape == ref.shape and out.dtype == ref.dtype
-            torch.testing.assert_close(out.float(), ref.float(), atol=kernel.atol, rtol=kernel.rtol)
+    assert_config_matches_reference(registry.get(name), config, seed=3)
 
 
 @pytest.fixture
@@ -135,13 +126,7 @@ def test_weight_of_wrong_shape_or_dtype_is_rejected():
 def test_inputs_are_seeded_random_and_compile_accepts_default(name):
     kernel = registry.get(name)
     shape = kernel.presets["small"][0]
-    first, again, other = (kernel.make_inputs(shape, DEVICE, seed) for seed in (5, 5, 6))
-    assert first.keys() == again.keys() == other.keys()
-    for key in first:
-        assert torch.equal(first[key], again[key])
-        assert not torch.equal(first[key], other[key])
-        assert torch.count_nonzero(first[key]) == first[key].numel()
-    assert kernel.compile(first, kernel.default_config(shape)) is None
+    assert_seeded_random_inputs(kernel, shape)
 
 
 def test_bytes_moved_counts_each_tensor_once():

@@ -11,6 +11,7 @@ from kernels import registry, rope as rope_module
 from kernels.arch import kernel_device
 from kernels.rope import HEAD_DIM, ROPE_DIM, rope, rope_reference
 from search_spaces import load_space
+from tests.kernel_checks import assert_config_matches_reference, assert_seeded_random_inputs
 
 DEVICE = kernel_device()
 NOPE = HEAD_DIM - ROPE_DIM
@@ -87,12 +88,7 @@ CONFIGS = [
 
 @pytest.mark.parametrize(("name", "config"), [(n, c) for n in KERNELS for c in CONFIGS])
 def test_tuned_configs_match_reference(name, config):
-    kernel = registry.get(name)
-    for shape in kernel.presets["small"]:
-        inputs = kernel.make_inputs(shape, DEVICE, seed=3)
-        out, ref = kernel.run(inputs, config), kernel.reference(inputs)
-        assert out.shape == ref.shape and out.dtype == ref.dtype
-        torch.testing.assert_close(out.float(), ref.float(), atol=kernel.atol, rtol=kernel.rtol)
+    assert_config_matches_reference(registry.get(name), config, seed=3)
 
 
 def test_launches_resolve_their_own_kernel_at_tokens_and_heads(monkeypatch):
@@ -127,13 +123,7 @@ def test_bad_shapes_and_dtypes_are_rejected():
 def test_inputs_are_seeded_random_and_compile_accepts_default(name):
     kernel = registry.get(name)
     shape = kernel.presets["small"][0]
-    first, again, other = (kernel.make_inputs(shape, DEVICE, seed) for seed in (5, 5, 6))
-    assert first.keys() == again.keys() == other.keys()
-    for key in first:
-        assert torch.equal(first[key], again[key])
-        assert not torch.equal(first[key], other[key])
-        assert torch.count_nonzero(first[key]) == first[key].numel()
-    assert kernel.compile(first, kernel.default_config(shape)) is None
+    assert_seeded_random_inputs(kernel, shape)
 
 
 @pytest.mark.parametrize("name", KERNELS)

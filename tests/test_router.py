@@ -9,14 +9,12 @@ from kernels import registry, router, tuning
 from kernels.arch import kernel_device
 from kernels.router import route, route_reference
 from search_spaces import load_space
+from tests.kernel_checks import assert_config_matches_reference
 
 DEVICE = kernel_device()
 # fp32 throughout; the kernel's exp/log/sqrt may differ from torch's in the last bits.
 TOL = {"atol": 1e-5, "rtol": 1e-4}
 
-
-def _as_tuple(outputs):
-    return outputs if isinstance(outputs, tuple) else (outputs,)
 
 
 def _check_route(logits, bias=None, topk=6, token_ids=None, tid2eid=None, route_scale=1.5):
@@ -89,14 +87,7 @@ CONFIGS = [
 
 @pytest.mark.parametrize(("name", "config"), [(n, c) for n in KERNELS for c in CONFIGS])
 def test_tuned_configs_match_reference(name, config):
-    kernel = registry.get(name)
-    for shape in kernel.presets["small"]:
-        inputs = kernel.make_inputs(shape, DEVICE, seed=3)
-        outputs, expected = _as_tuple(kernel.run(inputs, config)), _as_tuple(kernel.reference(inputs))
-        assert len(outputs) == len(expected)
-        for out, ref in zip(outputs, expected):
-            assert out.shape == ref.shape and out.dtype == ref.dtype
-            torch.testing.assert_close(out, ref, atol=kernel.atol, rtol=kernel.rtol)
+    assert_config_matches_reference(registry.get(name), config, seed=3)
 
 
 @pytest.mark.parametrize("experts", [7, 256, 384])

@@ -8,15 +8,13 @@ import torch
 from kernels import registry, sinkhorn as sinkhorn_module, tuning
 from kernels.arch import kernel_device
 from kernels.sinkhorn import sinkhorn, sinkhorn_reference
+from tests.kernel_checks import assert_config_matches_reference, assert_seeded_random_inputs
 
 DEVICE = kernel_device()
 OUTPUT_TOL = {"atol": 1e-5, "rtol": 1e-4}
 # fp32 gradients through up to 39 normalisation steps; bf16 ones are rounded once at the end.
 GRAD_TOL = {torch.float32: {"atol": 1e-4, "rtol": 1e-3}, torch.bfloat16: {"atol": 1e-2, "rtol": 1e-2}}
 
-
-def _as_tuple(outputs):
-    return outputs if isinstance(outputs, tuple) else (outputs,)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -64,14 +62,7 @@ def test_forward_and_gradients_match_eager(shape, iters, dtype):
     ],
 )
 def test_tuned_configs_match_reference(name, config):
-    kernel = registry.get(name)
-    for shape in kernel.presets["small"]:
-        inputs = kernel.make_inputs(shape, DEVICE, seed=4)
-        outputs, expected = _as_tuple(kernel.run(inputs, config)), _as_tuple(kernel.reference(inputs))
-        assert len(outputs) == len(expected)
-        for out, ref in zip(outputs, expected):
-            assert out.shape == ref.shape and out.dtype == ref.dtype
-            torch.testing.assert_close(out, ref, atol=kernel.atol, rtol=kernel.rtol)
+    assert_config_matches_reference(registry.get(name), config, seed=4)
 
 
 @pytest.fixture
@@ -120,14 +111,9 @@ def test_bad_shape_or_iters_is_rejected():
 def test_inputs_are_seeded_random_and_compile_accepts_default(name):
     kernel = registry.get(name)
     shape = kernel.presets["small"][1]
-    first, again, other = (kernel.make_inputs(shape, DEVICE, seed) for seed in (5, 5, 6))
-    assert first.keys() == again.keys() == other.keys()
-    for key in first:
-        assert first[key].shape == (shape["tokens"], 4, 4) and first[key].dtype == torch.float32
-        assert torch.equal(first[key], again[key])
-        assert not torch.equal(first[key], other[key])
-        assert torch.count_nonzero(first[key]) == first[key].numel()
-    assert kernel.compile(first, kernel.default_config(shape)) is None
+    for value in kernel.make_inputs(shape, DEVICE, 5).values():
+        assert value.shape == (shape["tokens"], 4, 4) and value.dtype == torch.float32
+    assert_seeded_random_inputs(kernel, shape)
 
 
 def test_bytes_moved_counts_each_tensor_once():

@@ -1,0 +1,49 @@
+"""Checks every tunable kernel must pass, shared by the per-kernel test files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kernels.arch import current_arch, kernel_device
+from kernels.registry import TunableKernel
+from search_spaces import load_space
+
+DEVICE = kernel_device()
+
+
+def _as_tuple(outputs: Any) -> tuple[torch.Tensor, ...]:
+    return outputs if isinstance(outputs, tuple) else (outputs,)
+
+
+def assert_config_matches_reference(kernel: TunableKernel, config: dict[str, Any], seed: int) -> None:
+    """``config`` computes the reference on every small preset its space allows on this arch.
+
+    The interpreter allows every config; on a GPU a config the space prunes (e.g. more
+    shared memory than the chip has) is skipped, as a sweep would skip it.
+    """
+    space = load_space(kernel.name)
+    for shape in kernel.presets["small"]:
+        if space.violation(config, shape, current_arch()):
+            continue
+        inputs = kernel.make_inputs(shape, DEVICE, seed=seed)
+        outputs, expected = _as_tuple(kernel.run(inputs, config)), _as_tuple(kernel.reference(inputs))
+        assert len(outputs) == len(expected)
+        for out, ref in zip(outputs, expected):
+            assert out.shape == ref.shape and out.dtype == ref.dtype
+            if out.is_floating_point():
+                out, ref = out.float(), ref.float()
+            torch.testing.assert_close(out, ref, atol=kernel.atol, rtol=kernel.rtol)
+
+
+def assert_seeded_random_inputs(kernel: TunableKernel, shape: dict[str, int], integers_nonzero: bool = True) -> None:
+    """Inputs repeat for a seed, change with it, hold no zeros; the default config compiles."""
+    first, again, other = (kernel.make_inputs(shape, DEVICE, seed) for seed in (5, 5, 6))
+    assert first.keys() == again.keys() == other.keys()
+    for key in first:
+        assert torch.equal(first[key], again[key])
+        assert not torch.equal(first[key], other[key])
+        if integers_nonzero or first[key].is_floating_point():
+            assert torch.count_nonzero(first[key]) == first[key].numel()
+    assert kernel.compile(first, kernel.default_config(shape)) is None
