@@ -80,6 +80,10 @@ class SearchSpace(BaseModel):
     def _compiled(self) -> list[tuple[str, Any]]:
         return [(e, compile(e, "<constraint>", "eval")) for e in self.constraints]
 
+    @cached_property
+    def _compiled_smem(self) -> Any:
+        return compile(self.shared_memory_bytes, "<shared_memory_bytes>", "eval")
+
     def dimensions(self, arch: str) -> dict[str, list[Any]]:
         """Every tunable of this space on ``arch``: the params plus that backend's knobs."""
         return {**self.params, **self.knobs.get(arch_facts(arch)["backend"], {})}
@@ -99,7 +103,7 @@ class SearchSpace(BaseModel):
         for text, code in self._compiled:
             if not eval(code, {"__builtins__": {}}, names):  # noqa: S307 - expressions from space files
                 return f"constraint violated: {text}"
-        smem = eval(compile(self.shared_memory_bytes, "<smem>", "eval"), {"__builtins__": {}}, names)  # noqa: S307
+        smem = eval(self._compiled_smem, {"__builtins__": {}}, names)  # noqa: S307
         if smem > facts["smem_bytes"]:
             return f"needs {smem} B shared memory > {facts['smem_bytes']} B on {arch}"
         return None

@@ -31,12 +31,14 @@ def best_trials(engine: Engine, arch: str) -> list[Trial]:
         rows = session.scalars(
             select(Trial).where(Trial.arch == arch, Trial.status == TrialStatus.ok.value)
         ).all()
+    def preference(row: Trial) -> tuple[bool, int, float]:
+        """Winners of the newest sweep first, then the fastest."""
+        return row.is_winner, row.sweep_id if row.is_winner else 0, -row.median_ms
+
     chosen: dict[tuple[str, str], Trial] = {}
     for row in rows:
         key = (row.kernel, row.shape_key)
-        current = chosen.get(key)
-        rank = (row.is_winner, row.sweep_id if row.is_winner else 0, -row.median_ms)
-        if current is None or rank > (current.is_winner, current.sweep_id if current.is_winner else 0, -current.median_ms):
+        if key not in chosen or preference(row) > preference(chosen[key]):
             chosen[key] = row
     return [chosen[k] for k in sorted(chosen)]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import Engine, or_, select, update
+from sqlalchemy import ColumnElement, Engine, or_, select, update
 
 from db import Sweep, SweepStatus, session_scope
 from db.models import utcnow
@@ -33,8 +33,11 @@ def enqueue(engine: Engine, spec: SweepSpec) -> int:
         return sweep.id
 
 
-def _stale_before(lease_s: float) -> datetime:
-    return datetime.now(timezone.utc) - timedelta(seconds=lease_s)
+def _claimable(lease_s: float) -> ColumnElement[bool]:
+    """Queued, or running under a lease nobody renewed for ``lease_s`` seconds."""
+    stale_before = datetime.now(timezone.utc) - timedelta(seconds=lease_s)
+    return or_(Sweep.status == SweepStatus.queued.value,
+               (Sweep.status == SweepStatus.running.value) & (Sweep.heartbeat_at < stale_before))
 
 
 def try_claim(engine: Engine, sweep_id: int, owner: str, lease_s: float = DEFAULT_LEASE_S) -> bool:
@@ -44,8 +47,7 @@ def try_claim(engine: Engine, sweep_id: int, owner: str, lease_s: float = DEFAUL
         result = session.execute(
             update(Sweep)
             .where(Sweep.id == sweep_id)
-            .where(or_(Sweep.status == SweepStatus.queued.value,
-                       (Sweep.status == SweepStatus.running.value) & (Sweep.heartbeat_at < _stale_before(lease_s))))
+            .where(_claimable(lease_s))
             .values(status=SweepStatus.running.value, owner=owner, heartbeat_at=now, started_at=now)
         )
         return result.rowcount == 1
@@ -56,8 +58,7 @@ def claim_next(engine: Engine, owner: str, lease_s: float = DEFAULT_LEASE_S) -> 
     with session_scope(engine) as session:
         candidates = session.scalars(
             select(Sweep.id)
-            .where(or_(Sweep.status == SweepStatus.queued.value,
-                       (Sweep.status == SweepStatus.running.value) & (Sweep.heartbeat_at < _stale_before(lease_s))))
+            .where(_claimable(lease_s))
             .order_by(Sweep.id)
         ).all()
     for sweep_id in candidates:

@@ -173,12 +173,12 @@ class SweepRunner:
         compile_ahead = self._compiles_ahead(state.shape)
         lookahead = 2 * len(idle) + (self.pool.compile_slots if compile_ahead else 0)
         timeout_s = self.timing.trial_timeout_s
-        compile_env = self.pool.compile_runtime_env()
         exhausted = False
 
         def admit(pending: Pending) -> None:
             if compile_ahead:
-                ref = compile_config.options(runtime_env=compile_env).remote(self.kernel.name, state.shape, pending.config)
+                task = compile_config.options(runtime_env=self.pool.runtime_env)
+                ref = task.remote(self.kernel.name, state.shape, pending.config)
                 compiling[ref] = pending
             else:
                 ready.append(pending)
@@ -253,8 +253,7 @@ class SweepRunner:
         if reason:
             self._write_pruned(state.key, [(proposal.config, identity, reason)])
             state.pruned += 1
-            state.source.report(proposal, TrialStatus.pruned.value, None)
-            self._report(state)
+            self._tell(state, proposal, TrialStatus.pruned.value, None)
             return None
         if self._reuse(state, proposal, identity):
             return None
@@ -269,9 +268,8 @@ class SweepRunner:
             if previous is None:
                 return False
             if previous.sweep_id != self.sweep_id:
-                session.add(Trial(
-                    sweep_id=self.sweep_id, kernel=self.kernel.name, shape_key=state.key, arch=self.arch,
-                    config=proposal.config, identity=identity, status=previous.status, median_ms=previous.median_ms,
+                session.add(self._trial(
+                    state.key, proposal.config, identity, status=previous.status, median_ms=previous.median_ms,
                     p20_ms=previous.p20_ms, p80_ms=previous.p80_ms, reps=previous.reps,
                     metrics={**previous.metrics, "reused_from": previous.id}, error=previous.error,
                     host=previous.host, gpu_name=previous.gpu_name, sm_count=previous.sm_count,
@@ -287,11 +285,15 @@ class SweepRunner:
             state.best_ms = median_ms if state.best_ms is None else min(state.best_ms, median_ms)
         self._report(state)
 
+    def _trial(self, key: str, config: dict[str, Any], identity: str, **measured: Any) -> Trial:
+        """A trial row of this sweep; ``measured`` holds the status and what was measured."""
+        return Trial(sweep_id=self.sweep_id, kernel=self.kernel.name, shape_key=key, arch=self.arch,
+                     config=config, identity=identity, **measured)
+
     def _write_pruned(self, key: str, pruned: list[tuple[dict[str, Any], str, str]]) -> None:
         with session_scope(self.engine) as session:
-            session.add_all(Trial(sweep_id=self.sweep_id, kernel=self.kernel.name, shape_key=key, arch=self.arch,
-                                  config=config, identity=identity, status=TrialStatus.pruned.value, error=reason,
-                                  versions=self.toolchain, metrics={})
+            session.add_all(self._trial(key, config, identity, status=TrialStatus.pruned.value, error=reason,
+                                        versions=self.toolchain, metrics={})
                             for config, identity, reason in pruned)
 
     def _record(self, state: ShapeState, pending: Pending, result: dict[str, Any], worker: int | None) -> None:
@@ -299,9 +301,8 @@ class SweepRunner:
         info = self.pool.infos[worker] if worker is not None else {}
         metrics = {**result.get("metrics", {}), **({"busy_s": result["busy_s"]} if "busy_s" in result else {})}
         with session_scope(self.engine) as session:
-            session.add(Trial(
-                sweep_id=self.sweep_id, kernel=self.kernel.name, shape_key=state.key, arch=self.arch,
-                config=pending.config, identity=pending.identity, status=result["status"],
+            session.add(self._trial(
+                state.key, pending.config, pending.identity, status=result["status"],
                 median_ms=result.get("median_ms"), p20_ms=result.get("p20_ms"), p80_ms=result.get("p80_ms"),
                 reps=result.get("reps"), error=result.get("error"), metrics=metrics,
                 host=info.get("host"), gpu_name=info.get("gpu_name"), sm_count=info.get("sm_count"),

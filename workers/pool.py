@@ -45,6 +45,7 @@ class WorkerPool:
     infos: list[dict[str, Any]]
     compile_ahead: bool
     compile_slots: int
+    runtime_env: dict[str, Any]  # what every task of the pool runs with, compile tasks included
     started_ray: bool = field(default=False)
 
     @classmethod
@@ -59,13 +60,12 @@ class WorkerPool:
                 ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         gpus = int(ray.cluster_resources().get("GPU", 0))
         interpret = gpus == 0
-        options = {"runtime_env": {"env_vars": _worker_env(interpret)}}
+        env = _worker_env(interpret)
+        options = {"runtime_env": {"env_vars": env}}
         if interpret:
-            actors = [DeviceWorker.options(num_cpus=1, **options).remote(options["runtime_env"]["env_vars"])
-                      for _ in range(cpu_workers)]
+            actors = [DeviceWorker.options(num_cpus=1, **options).remote(env) for _ in range(cpu_workers)]
         else:
-            actors = [DeviceWorker.options(num_gpus=1, num_cpus=0, **options).remote(options["runtime_env"]["env_vars"])
-                      for _ in range(gpus)]
+            actors = [DeviceWorker.options(num_gpus=1, num_cpus=0, **options).remote(env) for _ in range(gpus)]
         cpus = int(ray.cluster_resources().get("CPU", 1))
         compile_slots = max(min(cpus - (len(actors) if interpret else 0), MAX_COMPILE_WORKERS), 1)
         warming = [] if interpret else [warm_up.options(**options).remote() for _ in range(compile_slots)]
@@ -78,7 +78,8 @@ class WorkerPool:
             if started:
                 ray.shutdown()
             raise PoolError(f"device workers failed to start: {exc}") from None
-        pool = cls(actors, infos, compile_ahead=not interpret, compile_slots=compile_slots, started_ray=started)
+        pool = cls(actors, infos, compile_ahead=not interpret, compile_slots=compile_slots,
+                   runtime_env=options["runtime_env"], started_ray=started)
         pool.arch  # noqa: B018 - fail early on a mixed pool
         return pool
 
@@ -95,9 +96,6 @@ class WorkerPool:
         if len(versions) != 1:
             raise PoolError(f"workers run different toolchains: {sorted(versions)}")
         return dict(versions.pop())
-
-    def compile_runtime_env(self) -> dict[str, Any]:
-        return {"env_vars": _worker_env(not self.compile_ahead)}
 
     def shutdown(self) -> None:
         for actor in self.workers:
