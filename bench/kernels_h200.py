@@ -1,13 +1,20 @@
-"""Tuned vs heuristic default vs eager PyTorch for the project's kernels, on the GPU.
+"""Tuned vs heuristic default vs eager PyTorch (and, for the expert GEMMs, the best peers) on the GPU.
 
-For every kernel and V4-Flash preset shape: full-size parity of the tuned and the default
-config against the eager reference, then the median time of each, interleaved over several
+For every kernel and preset shape asked: full-size parity of the tuned and the default config
+against the eager reference, then the median time of each variant, interleaved over several
 rounds, by two methods: CUDA events around each call (``do_bench``, L2 flushed per
-repetition, host launch cost included when it exceeds the kernel's) and CUDA-graph replay
-minus the replay of the L2 flushes alone (device time, see ``workers.timing``); GB/s
-against the device-to-device copy bandwidth measured in the same run.
+repetition, host launch cost included when it exceeds the kernel's) and, for the kernels
+without a FLOP count (the microsecond, memory-bound ones), CUDA-graph replay minus the replay
+of the L2 flushes alone (device time, see ``workers.timing``). Throughput
+is GB/s against the device-to-device copy bandwidth measured in the same run, and TFLOP/s
+for kernels that count FLOPs.
 
-Usage: python bench/kernels_h200.py TABLE_JSON OUT_JSON
+The expert GEMM launches also time their peers on the same inputs (``bench/expert_gemm_peers.py``):
+``torch._grouped_mm`` (CUTLASS grouped GEMM), alone and with the eager epilogue the fused
+kernel replaces, and a loop of cuBLAS GEMMs over the experts (the eager PyTorch path).
+
+Usage: python bench/kernels_h200.py TABLE_JSON OUT_JSON [KERNEL,KERNEL,...] [PRESET,PRESET,...]
+(defaults: the sweep-service kernels, preset v4-flash).
 """
 
 from __future__ import annotations
@@ -17,17 +24,19 @@ import statistics
 import sys
 from datetime import date
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import triton.testing
 
+from expert_gemm_peers import peers  # a sibling script of this one
 from kernels import registry
 from workers.bench_child import mismatch
 from workers.device_info import describe_device
 from workers.timing import measure_graph
 
-KERNELS = ("rmsnorm_fwd", "rmsnorm_bwd", "sinkhorn_fwd", "sinkhorn_bwd")
-ROUNDS = 5
+DEFAULT_KERNELS = ("rmsnorm_fwd", "rmsnorm_bwd", "sinkhorn_fwd", "sinkhorn_bwd")
+ROUNDS = 3
 
 
 def copy_bandwidth_gbps() -> float:
@@ -38,63 +47,86 @@ def copy_bandwidth_gbps() -> float:
     return 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
 
 
+def _as_tuple(value: Any) -> tuple[torch.Tensor, ...]:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _time_variants(name: str, key: str, variants: dict[str, Callable[[], Any]], graph: bool) -> tuple[dict, dict]:
+    """Median ms per variant by events (and by graph replay if ``graph``), variants interleaved over ROUNDS."""
+    samples: dict[str, list[float]] = {v: [] for v in variants}
+    graph_samples: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(ROUNDS):
+        for variant, fn in variants.items():
+            samples[variant].append(triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+            if not graph:
+                continue
+            try:
+                graph_samples[variant].append(measure_graph(fn).median_ms)
+            except Exception as exc:  # noqa: BLE001 - e.g. an eager path that syncs cannot be captured
+                print(f"{name} {key} {variant}: no graph timing: {exc}")
+                torch.cuda.synchronize()
+    ms = {v: statistics.median(s) for v, s in samples.items()}
+    return ms, {v: statistics.median(s) for v, s in graph_samples.items() if s}
+
+
+def bench_shape(name: str, shape: dict[str, int], table: dict, ceiling_gbps: float) -> dict[str, Any]:
+    """One row: parity and timings of every variant of kernel ``name`` at ``shape``."""
+    kernel = registry.get(name)
+    key = kernel.shape_key(shape)
+    tuned = table["entries"].get(name, {}).get(key, {}).get("config")
+    default = kernel.default_config(shape)
+    inputs = kernel.make_inputs(shape, torch.device("cuda"), 7)
+    reference = _as_tuple(kernel.reference(inputs))
+    variants: dict[str, Callable[[], Any]] = {"default": lambda c=default: kernel.run(inputs, c)}
+    if tuned is not None:
+        variants["tuned"] = lambda c=tuned: kernel.run(inputs, c)
+    peer_fns, peer_errors = peers(name, inputs)
+    variants.update(peer_fns if peer_fns else {"eager": lambda: kernel.reference(inputs)})
+    parity = {v: mismatch(_as_tuple(variants[v]()), reference, kernel.atol, kernel.rtol) or "ok"
+              for v in ("default", "tuned") if v in variants}
+    # Kernels that count FLOPs run for milliseconds, where events are exact enough; the
+    # microsecond memory-bound ones are also timed by graph replay, without launch cost.
+    ms, graph_ms = _time_variants(name, key, variants, graph=not kernel.flops)
+    bytes_moved = kernel.bytes_moved(shape)
+    flops = kernel.flops(shape) if kernel.flops else None
+    row: dict[str, Any] = {
+        "kernel": name, "shape": key, "tuned_config": tuned, "default_config": default, "parity": parity,
+        "peer_errors": peer_errors, "bytes": bytes_moved, "flops": flops, "ms": ms, "graph_ms": graph_ms,
+    }
+    for suffix, times in (("", ms), ("graph_", graph_ms)):
+        row[f"{suffix}gbps"] = {v: bytes_moved / (t * 1e-3) / 1e9 for v, t in times.items()}
+        row[f"{suffix}pct_of_copy"] = {v: 100 * g / ceiling_gbps for v, g in row[f"{suffix}gbps"].items()}
+        if flops:
+            row[f"{suffix}tflops"] = {v: flops / (t * 1e-3) / 1e12 for v, t in times.items()}
+    return row
+
+
 def main() -> None:
     table = json.loads(Path(sys.argv[1]).read_text())
     out = Path(sys.argv[2])
+    names = sys.argv[3].split(",") if len(sys.argv) > 3 else list(DEFAULT_KERNELS)
+    preset_names = sys.argv[4].split(",") if len(sys.argv) > 4 else ["v4-flash"]
     ceiling = copy_bandwidth_gbps()
     rows = []
-    for name in KERNELS:
-        kernel = registry.get(name)
-        for shape in kernel.presets["v4-flash"]:
-            key = kernel.shape_key(shape)
-            tuned = table["entries"].get(name, {}).get(key, {}).get("config")
-            default = kernel.default_config(shape)
-            inputs = kernel.make_inputs(shape, torch.device("cuda"), 7)
-            reference = kernel.reference(inputs)
-            reference = reference if isinstance(reference, tuple) else (reference,)
-            variants = {"default": lambda c=default: kernel.run(inputs, c), "eager": lambda: kernel.reference(inputs)}
-            if tuned is not None:
-                variants["tuned"] = lambda c=tuned: kernel.run(inputs, c)
-            parity = {}
-            for variant in ("default", "tuned"):
-                if variant in variants:
-                    result = variants[variant]()
-                    result = result if isinstance(result, tuple) else (result,)
-                    parity[variant] = mismatch(result, reference, kernel.atol, kernel.rtol) or "ok"
-            samples: dict[str, list[float]] = {v: [] for v in variants}
-            graph_samples: dict[str, list[float]] = {v: [] for v in variants}
-            for _ in range(ROUNDS):
-                for variant, fn in variants.items():
-                    samples[variant].append(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
-                    try:
-                        graph_samples[variant].append(measure_graph(fn).median_ms)
-                    except Exception as exc:  # noqa: BLE001 - e.g. an eager path that cannot be captured
-                        print(f"{name} {key} {variant}: no graph timing: {exc}")
-            ms = {v: statistics.median(s) for v, s in samples.items()}
-            graph_ms = {v: statistics.median(s) for v, s in graph_samples.items() if s}
-            bytes_moved = kernel.bytes_moved(shape)
-            gbps = {v: bytes_moved / (t * 1e-3) / 1e9 for v, t in ms.items()}
-            graph_gbps = {v: bytes_moved / (t * 1e-3) / 1e9 for v, t in graph_ms.items()}
-            row = {"kernel": name, "shape": key, "tuned_config": tuned, "default_config": default, "ms": ms,
-                   "gbps": gbps, "pct_of_copy": {v: 100 * g / ceiling for v, g in gbps.items()},
-                   "graph_ms": graph_ms, "graph_gbps": graph_gbps,
-                   "graph_pct_of_copy": {v: 100 * g / ceiling for v, g in graph_gbps.items()},
-                   "parity": parity, "bytes": bytes_moved}
-            rows.append(row)
-            print(json.dumps(row))
-            del inputs, reference
-            torch.cuda.empty_cache()
-    report = {"date": date.today().isoformat(), "device": describe_device(), "copy_gbps": ceiling, "rows": rows}
-    out.write_text(json.dumps(report, indent=1))
+    for name in names:
+        for preset in preset_names:
+            for shape in registry.get(name).presets.get(preset, []):
+                row = bench_shape(name, shape, table, ceiling)
+                row["preset"] = preset
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                torch.cuda.empty_cache()  # the shape's inputs are gone with bench_shape's frame
+                # Written after every row: a crash or a timeout keeps what was measured.
+                out.write_text(json.dumps({"date": date.today().isoformat(), "device": describe_device(),
+                                           "copy_gbps": ceiling, "rows": rows}, indent=1))
     print(f"copy bandwidth {ceiling:.0f} GB/s")
     nan = float("nan")
-    for timing, ms_key, pct_key in (("events", "ms", "pct_of_copy"), ("graph", "graph_ms", "graph_pct_of_copy")):
-        print(f"[{timing}] {'kernel':14} {'shape':26} {'default ms':>10} {'tuned ms':>9} {'eager ms':>9} {'% copy':>7} {'x dflt':>7}")
-        for r in rows:
-            t = r[ms_key].get("tuned", nan)
-            print(f"[{timing}] {r['kernel']:14} {r['shape']:26} {r[ms_key].get('default', nan):10.4f} {t:9.4f} "
-                  f"{r[ms_key].get('eager', nan):9.4f} {r[pct_key].get('tuned', nan):7.1f} "
-                  f"{r[ms_key].get('default', nan) / t:7.2f}")
+    for r in rows:
+        t = r["graph_ms"].get("tuned", r["ms"].get("tuned", nan))
+        d = r["graph_ms"].get("default", r["ms"]["default"])
+        rate = r.get("graph_tflops", {}).get("tuned") or r["graph_pct_of_copy"].get("tuned", nan)
+        print(f"{r['kernel']:20} {r['shape']:52} default {d:8.4f} tuned {t:8.4f} ms  x{d / t:5.2f}  "
+              f"{'TFLOP/s' if r['flops'] else '% copy'} {rate:6.1f}  parity {r['parity']}")
 
 
 if __name__ == "__main__":

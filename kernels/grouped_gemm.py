@@ -320,7 +320,9 @@ def _up_bwd_dw(dgu: Tensor, x: Tensor, offsets: Tensor, grad: Tensor | None, con
 
 def _resolved(kernel: str, x: Tensor, w2: Tensor) -> Config:
     n_experts, hidden, ffn = w2.shape
-    config, _ = resolve(kernel, {"tokens": x.shape[0], "experts": n_experts, "hidden": hidden, "ffn": ffn})
+    # The expert loads are only known on the device; asking for their skew would sync, so the
+    # layer asks for the balanced-load entry (the sweeps also tune skewed loads, to show the cost).
+    config, _ = resolve(kernel, {"tokens": x.shape[0], "experts": n_experts, "hidden": hidden, "ffn": ffn, "skew": 0})
     return config
 
 
@@ -467,6 +469,21 @@ def _up_bwd_dw_reference(dgu, x, offsets, grad) -> Tensor:
 # ----- registration -------------------------------------------------------------------
 
 
+def expert_loads(tokens: int, experts: int, skew: int, gen: torch.Generator) -> Tensor:
+    """Rows per expert: as equal as integers allow for ``skew`` 0, else Zipf-like, the i-th
+    busiest expert's share proportional to ``i ** (-skew / 100)``; experts in a seeded random order.
+
+    ``skew`` 50 (the skewed presets) gives the busiest of 32 experts 3.2x the mean load and
+    the idlest 0.57x; of 256 experts, 8.4x and 0.52x.
+    """
+    share = torch.arange(1, experts + 1, dtype=torch.float64) ** (-skew / 100)
+    share = share / share.sum() * tokens
+    counts = share.floor().long()
+    largest_remainders = torch.argsort(share - counts, descending=True, stable=True)
+    counts[largest_remainders[: tokens - int(counts.sum())]] += 1
+    return counts[torch.randperm(experts, generator=gen, device=gen.device).cpu()]
+
+
 def _dims(shape: Shape) -> tuple[int, int, int, int]:
     return shape["tokens"], shape["experts"], shape["hidden"], shape["ffn"]
 
@@ -484,10 +501,10 @@ def _tensor_bytes(shape: Shape) -> dict[str, int]:
 
 
 def _make_inputs(names: tuple[str, ...], shape: Shape, device: torch.device, seed: int) -> Inputs:
-    """Random inputs ``names`` of ``shape`` on ``device``: a uniform random expert load, unit-size outputs.
+    """Random inputs ``names`` of ``shape`` on ``device``: the shape's expert loads, unit-size outputs.
 
-    Tokens pick experts uniformly at random (so loads are ragged and, with fewer tokens
-    than experts, some experts are empty). Weights are scaled by 1/sqrt(fan-in) and the
+    Loads come from :func:`expert_loads` (balanced, or skewed by the shape's ``skew``; with
+    fewer tokens than experts some experts are empty). Weights are scaled by 1/sqrt(fan-in) and the
     weight-gradient operands by 1/sqrt(tokens per expert), so every output is about unit
     size; g and u are drawn 4x wider than that, so the +-10 clamp is active in the checks.
     """
@@ -499,8 +516,7 @@ def _make_inputs(names: tuple[str, ...], shape: Shape, device: torch.device, see
         return torch.randn(*size, generator=gen, device=device, dtype=dtype).mul_(std)
 
     def offsets() -> Tensor:
-        experts = torch.randint(e, (t,), generator=gen, device=device)
-        counts = torch.bincount(experts, minlength=e).cumsum(0)
+        counts = expert_loads(t, e, shape["skew"], gen).to(device).cumsum(0)
         return torch.cat([counts.new_zeros(1), counts]).int()
 
     factories: dict[str, Callable[[], Tensor]] = {
@@ -539,20 +555,23 @@ def _default_wgrad_config(shape: Shape) -> Config:
             "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
 
 
-_SHAPE_FIELDS = ("tokens", "experts", "hidden", "ffn")
+_SHAPE_FIELDS = ("tokens", "experts", "hidden", "ffn", "skew")
+_EXACT_FIELDS = ("experts", "hidden", "ffn")
+# Rows on one rank for micro-batches of 4,096 and 16,384 tokens, 6 picks each: at EP=8 the
+# all-to-all brings each rank 1/8 of the 8 ranks' picks, so both EP=1 and EP=8 see tokens x 6
+# rows, over 256 or 32 local experts (Flash), 48 at EP=8 (Pro); balanced and skewed loads.
+# Pro at EP=1 (384 experts, W13 34 GB bf16, its fp32 gradient 68 GB) does not fit a sweep on
+# one H200. A sweep holds the fp32 dW13 input, a run's output, the reference and the
+# comparison's temporaries: about 6 x 17 GB at Flash EP=1.
 _PRESETS = {
-    # EP=8 (32 local experts, 4096 tokens x 6 picks / 8 ranks) and EP=1 (256 experts).
-    "v4-flash": [{"tokens": 3072, "experts": 32, "hidden": 4096, "ffn": 2048},
-                 {"tokens": 24576, "experts": 256, "hidden": 4096, "ffn": 2048}],
-    # EP=8 (48 of 384 experts) and EP=4 (96). A sweep holds the fp32 dW13 input, a run's
-    # output, the reference and the comparison's temporaries: about 6 x 17 GB here (and at
-    # Flash EP=1), 6 x 68 GB at Pro EP=1, which no H200 holds.
-    "v4-pro": [{"tokens": 3072, "experts": 48, "hidden": 7168, "ffn": 3072},
-               {"tokens": 6144, "experts": 96, "hidden": 7168, "ffn": 3072}],
-    # Ragged loads with rows, D and F not multiples of 16; 5 tokens over 8 experts leave >= 3 empty.
-    "small": [{"tokens": 22, "experts": 3, "hidden": 64, "ffn": 48},
-              {"tokens": 5, "experts": 8, "hidden": 40, "ffn": 24},
-              {"tokens": 37, "experts": 2, "hidden": 40, "ffn": 24}],
+    "v4-flash": [{"tokens": 6 * mb, "experts": e, "hidden": 4096, "ffn": 2048, "skew": skew}
+                 for mb in (4096, 16384) for e in (32, 256) for skew in (0, 50)],
+    "v4-pro": [{"tokens": 6 * mb, "experts": 48, "hidden": 7168, "ffn": 3072, "skew": skew}
+               for mb in (4096, 16384) for skew in (0, 50)],
+    # Ragged loads with rows, D and F not multiples of 16; 5 tokens over 8 experts leave 3 empty.
+    "small": [{"tokens": 22, "experts": 3, "hidden": 64, "ffn": 48, "skew": 0},
+              {"tokens": 5, "experts": 8, "hidden": 40, "ffn": 24, "skew": 0},
+              {"tokens": 37, "experts": 5, "hidden": 40, "ffn": 24, "skew": 150}],
 }
 
 
@@ -579,7 +598,7 @@ def _register_launch(
         TunableKernel(
             name=name,
             shape_fields=_SHAPE_FIELDS,
-            exact_fields=_SHAPE_FIELDS[1:],
+            exact_fields=_EXACT_FIELDS,
             make_inputs=lambda shape, device, seed: _make_inputs(inputs, shape, device, seed),
             run=lambda values, config: fn(*args(values), config),
             reference=lambda values: reference(*args(values)),

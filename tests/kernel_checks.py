@@ -37,13 +37,18 @@ def assert_config_matches_reference(kernel: TunableKernel, config: dict[str, Any
             torch.testing.assert_close(out, ref, atol=kernel.atol, rtol=kernel.rtol)
 
 
-def assert_seeded_random_inputs(kernel: TunableKernel, shape: dict[str, int], integers_nonzero: bool = True) -> None:
-    """Inputs repeat for a seed, change with it, hold no zeros; the default config compiles."""
+def assert_seeded_random_inputs(kernel: TunableKernel, shape: dict[str, int], integers_nonzero: bool = True,
+                                fixed: tuple[str, ...] = ()) -> None:
+    """Inputs repeat for a seed, change with it (except the ``fixed`` ones, which the shape may
+    pin down), hold no zeros; the default config compiles."""
     first, again, other = (kernel.make_inputs(shape, DEVICE, seed) for seed in (5, 5, 6))
     assert first.keys() == again.keys() == other.keys()
     for key in first:
+        if not isinstance(first[key], torch.Tensor):  # a constant of the shape, e.g. topk
+            assert first[key] == again[key] == other[key]
+            continue
         assert torch.equal(first[key], again[key])
-        assert not torch.equal(first[key], other[key])
+        assert key in fixed or not torch.equal(first[key], other[key])
         if integers_nonzero or first[key].is_floating_point():
             assert torch.count_nonzero(first[key]) == first[key].numel()
     assert kernel.compile(first, kernel.default_config(shape)) is None

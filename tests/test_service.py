@@ -72,6 +72,11 @@ def test_faulty_configs_are_recorded_and_the_sweep_completes(tmp_path, db_url):
     tuner("export", "--arch", "interp", "--out", str(out), db=db_url)
     table = json.loads((out / "interp.json").read_text())
     assert table["schema_version"] == 1 and table["provenance"]["sweep_ids"] == [1]
+    assert table["provenance"]["skipped_kernels"] == []
+    for skip, message in (("rmsnorm_fwd", "no ok trials of ['rmsnorm_fwd']"), ("fault_probe", "no ok trials for arch")):
+        proc = tuner("export", "--arch", "interp", "--out", str(out), "--skip-kernel", skip, db=db_url, check=False)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert json.loads((out / "interp.json").read_text()) == table  # the failed exports wrote nothing
     exported = table["entries"]["fault_probe"]["n=100"]
     assert exported["config"] == winners[0].config and exported["trial_id"] == winners[0].id
 
@@ -86,6 +91,13 @@ def test_faulty_configs_are_recorded_and_the_sweep_completes(tmp_path, db_url):
     again = trials_of(db_url, 2)
     assert all("reused_from" in r.metrics for r in again if r.status != "pruned")
     assert Counter(r.status for r in again) == Counter(r.status for r in rows)
+
+    # A budget of one trial measures the kernel's heuristic default (random would pick it 1 time in 8).
+    one = write_spec(tmp_path, "one.yaml", kernel="fault_probe", shapes=[{"n": 100}],
+                     strategy={"name": "random", "seed": 3}, budget={"max_trials": 1}, timing=FAST_TIMING)
+    tuner("sweep", "run", str(one), db=db_url)
+    [measured] = [r for r in trials_of(db_url, 3) if r.status != "pruned"]
+    assert measured.config == {"MODE": "ok", "BLOCK": 32}
 
 
 def test_killed_server_loses_nothing_and_reruns_nothing(tmp_path, db_url):
@@ -122,6 +134,7 @@ BAD_SPECS = [
     ({"kernel": "nope", "shapes": [{"n": 1}]}, "unknown kernel 'nope'"),
     ({"kernel": "fault_probe", "shapes": "v4-ultra"}, "unknown preset 'v4-ultra'"),
     ({"kernel": "fault_probe", "shapes": [{"m": 3}]}, "shapes[0]"),
+    ({"kernel": "fault_probe", "shapes": [{"n": 5}, {"n": -1}]}, "shapes[1]: every dimension must be >= 0"),
     ({"kernel": "fault_probe", "shapes": [{"n": 100}], "strategy": {"name": "annealing"}}, "strategy.name"),
     ({"kernel": "fault_probe", "shapes": [{"n": 100}], "strategy": {"name": "tpe"}}, "needs max_trials"),
     ({"kernel": "fault_probe", "shapes": [{"n": 100}], "space": {"BLOCK_Q": [1]}}, "'BLOCK_Q' is not a parameter"),
@@ -139,6 +152,19 @@ def test_bad_spec_is_rejected_with_field_and_reason(tmp_path, spec, message):
     assert message in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
     with session_scope(open_database(db)) as session:
         assert session.scalars(select(Sweep)).all() == []
+
+
+def test_several_specs_queue_together_or_not_at_all(tmp_path):
+    db = f"sqlite:///{tmp_path / 'tuner.db'}"
+    good = [str(write_spec(tmp_path, f"good{i}.yaml", kernel="fault_probe", shapes=[{"n": 100 + i}])) for i in range(2)]
+    bad = str(write_spec(tmp_path, "bad.yaml", kernel="fault_probe", shapes="v4-ultra"))
+    proc = tuner("sweep", "queue", good[0], bad, good[1], db=db, check=False)
+    assert proc.returncode == 2 and "bad.yaml" in proc.stderr and "unknown preset" in proc.stderr
+    with session_scope(open_database(db)) as session:
+        assert session.scalars(select(Sweep)).all() == []
+    ids = tuner("sweep", "queue", *good, db=db).stdout.split()
+    with session_scope(open_database(db)) as session:
+        assert sorted(s.id for s in session.scalars(select(Sweep))) == sorted(map(int, ids)) and len(ids) == 2
 
 
 def test_unreadable_spec_and_bad_arguments_exit_2(tmp_path):

@@ -81,10 +81,11 @@ def _run_with_pool(pool: WorkerPool, sweep_ids: list[int], owner: str) -> None:
 
 @sweep_app.command("queue")
 @user_errors
-def sweep_queue(spec: Path) -> None:
-    """Validate SPEC and store it as a queued sweep; prints its id."""
-    sweep_id = queue.enqueue(state.engine, load_spec(spec))
-    typer.echo(sweep_id)
+def sweep_queue(specs: list[Path] = typer.Argument(..., metavar="SPEC...")) -> None:
+    """Validate every SPEC, then store each as a queued sweep (none if any is bad); prints their ids."""
+    parsed = [load_spec(spec) for spec in specs]
+    for spec in parsed:
+        typer.echo(queue.enqueue(state.engine, spec))
 
 
 @sweep_app.command("run")
@@ -162,9 +163,11 @@ def serve(ray_address: RayAddress = None, drain: bool = typer.Option(False, help
 @app.command()
 @user_errors
 def export(arch: Annotated[str, typer.Option(help="arch to export, e.g. sm_90")],
-           out: Annotated[Optional[Path], typer.Option(help="folder (default: kernels/tables)")] = None) -> None:
+           out: Annotated[Optional[Path], typer.Option(help="folder (default: kernels/tables)")] = None,
+           skip_kernel: Annotated[Optional[list[str]], typer.Option(
+               help="leave this kernel out of the table (repeatable), e.g. until it is re-swept")] = None) -> None:
     """Write the tuned table of ARCH from the database."""
-    path = export_table(state.engine, arch, out)
+    path = export_table(state.engine, arch, out, skip_kernel or ())
     typer.echo(f"wrote {path}")
 
 

@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 from datetime import datetime, timezone
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ def best_trials(engine: Engine, arch: str) -> list[Trial]:
     return [chosen[k] for k in sorted(chosen)]
 
 
-def build_table(trials: list[Trial], arch: str) -> dict[str, Any]:
+def build_table(trials: list[Trial], arch: str, skipped: Sequence[str] = ()) -> dict[str, Any]:
     entries: dict[str, dict[str, Any]] = {}
     for t in trials:
         entries.setdefault(t.kernel, {})[t.shape_key] = {
@@ -61,14 +62,23 @@ def build_table(trials: list[Trial], arch: str) -> dict[str, Any]:
             "toolchains": [dict(v) for v in sorted({tuple(sorted(t.versions.items())) for t in trials},
                                                    key=str)],
             "sweep_ids": sorted({t.sweep_id for t in trials}),
+            "skipped_kernels": sorted(skipped),
         },
         "entries": entries,
     }
 
 
-def export_table(engine: Engine, arch: str, out_dir: Path | None = None) -> Path:
-    """Write ``<out_dir>/<arch>.json`` atomically; its path."""
+def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: Sequence[str] = ()) -> Path:
+    """Write ``<out_dir>/<arch>.json`` atomically; its path.
+
+    ``skip`` leaves kernels out (their launches then use the heuristic default), e.g. while
+    their sweeps are known to be unfinished; the table's provenance lists them.
+    """
     trials = best_trials(engine, arch)
+    unknown = sorted(set(skip) - {t.kernel for t in trials})
+    if unknown:
+        raise NothingToExport(f"--skip-kernel: no ok trials of {unknown} for arch {arch!r} in the database")
+    trials = [t for t in trials if t.kernel not in skip]
     if not trials:
         raise NothingToExport(f"no ok trials for arch {arch!r} in the database")
     path = table_path(arch, out_dir)
@@ -76,7 +86,7 @@ def export_table(engine: Engine, arch: str, out_dir: Path | None = None) -> Path
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{arch}.", suffix=".json")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(build_table(trials, arch), f, indent=1, sort_keys=True)
+            json.dump(build_table(trials, arch, skip), f, indent=1, sort_keys=True)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:

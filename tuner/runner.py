@@ -147,10 +147,26 @@ class SweepRunner:
                     remaining.append(config)
             self._write_pruned(key, newly_pruned)
             pruned += len(newly_pruned)
-            source: ConfigSource = GridSource(study, self.dimensions, remaining, self.spec.strategy.seed)
+            source: ConfigSource = GridSource(study, self.dimensions, remaining, self.spec.strategy.seed,
+                                              first=self._default_in_space(shape))
         else:
             source = OptunaSource(study, self.dimensions, max_asks=20 * self.budget + self.space.size(self.arch))
+            default = self._default_in_space(shape)
+            if default is not None and not study.get_trials(deepcopy=False):
+                study.enqueue_trial(default)
         return ShapeState(shape, key, source, evaluated=evaluated, pruned=pruned, best_ms=min(ok) if ok else None)
+
+    def _default_in_space(self, shape: dict[str, int]) -> dict[str, Any] | None:
+        """The kernel's heuristic default for ``shape`` when the space can express it and allows it.
+
+        Sweeps measure it first, so that a tuned entry is never one the sweep only believes to
+        beat the default: with a capped budget the search may not come near it on its own.
+        """
+        default = self.kernel.default_config(shape)
+        config = {name: default.get(name) for name in self.dimensions}
+        if any(config[name] not in choices for name, choices in self.dimensions.items()):
+            return None
+        return None if self.space.violation(config, shape, self.arch) else config
 
     # -- search loop -------------------------------------------------------------------
     def _may_propose(self, state: ShapeState, inflight: int) -> bool:

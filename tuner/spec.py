@@ -79,8 +79,8 @@ class SweepSpec(_Strict):
                 kernel.shape_key(shape)
             except KeyError as exc:
                 raise ValueError(f"shapes[{i}]: {exc.args[0]}") from None
-            if any(v <= 0 for v in shape.values()):
-                raise ValueError(f"shapes[{i}]: every dimension must be positive, got {shape}")
+            if any(v < 0 for v in shape.values()):  # 0 is meaningful for some fields (no skew, no top-k)
+                raise ValueError(f"shapes[{i}]: every dimension must be >= 0, got {shape}")
         if self.arch != "auto" and self.arch not in ARCH_FACTS:
             raise ValueError(f"arch: unknown arch {self.arch!r}; use 'auto' or one of {sorted(ARCH_FACTS)}")
         if self.strategy.name != "grid" and self.budget.max_trials is None and self.budget.max_minutes is None:
@@ -143,4 +143,7 @@ def load_spec(path: Path) -> SweepSpec:
         raise SpecError(f"{path}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
-    return parse_spec(data)
+    try:
+        return parse_spec(data)
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from None

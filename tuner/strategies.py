@@ -43,13 +43,18 @@ class ConfigSource(Protocol):
 
 
 class GridSource:
-    """Every valid config once, shuffled by the seed; ``remaining`` excludes configs already done."""
+    """Every valid config once, shuffled by the seed, ``first`` (if still remaining) before the others;
+    ``remaining`` excludes configs already done."""
 
-    def __init__(self, study: optuna.Study, dimensions: dict[str, list[Any]], remaining: list[Config], seed: int) -> None:
+    def __init__(self, study: optuna.Study, dimensions: dict[str, list[Any]], remaining: list[Config], seed: int,
+                 first: Config | None = None) -> None:
         self.study = study
         self.distributions = {name: CategoricalDistribution(choices) for name, choices in dimensions.items()}
         self.queue = list(remaining)
         random.Random(seed).shuffle(self.queue)
+        if first in self.queue:
+            self.queue.remove(first)
+            self.queue.append(first)  # popped first
 
     def resume(self) -> list[Proposal]:
         return []  # the database says what is done; everything else is still in ``queue``
