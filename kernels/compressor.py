@@ -1,0 +1,420 @@
+"""DeepSeek-V4 compressor pooling: a per-channel softmax over each group's window pools kv.
+
+Inputs are the compressor's two projections, already computed, ``kv`` and ``score``
+``[B, S, coff*d]``, and its learned position bias ``ape [r, coff*d]``. Group g holds the r
+tokens ``g*r .. g*r + r - 1``; only closed groups produce an entry (``G = S // r``; a tail
+of ``S % r`` tokens is dropped). Per entry g and channel j, with ``l = score + ape``::
+
+    c[g, j] = sum_i softmax_i(l[i, j]) * kv[i, j]        over the window of entry g
+
+* HCA (``r = 128``, ``coff = 1``): the window is the group's own r tokens, channel j.
+* CSA (``r = 4``, ``coff = 2``, the only overlapping ratio, as in the V4 reference): a
+  window of 2r = 8 positions, the previous group's 4 tokens on channel j (the first half
+  of the projections) then the group's own 4 tokens on channel ``d + j`` (the second
+  half). Group 0 has no previous group: those 4 positions take no part (a -inf score).
+
+Window position i of entry g is token ``(g + 1 - coff) * r + i`` and column
+``(i // r) * d + j``, and ape row ``i % r`` of that column, so one formula covers both.
+d is 512 for the attention compressor and 128 for the indexer's; any d works (masked).
+The RMSNorm and RoPE that follow are separate kernels.
+
+Forward (``compressor_fwd``): each program holds a ``[BLOCK_G entries, window, BLOCK_D
+channels]`` tile in registers, so kv and score are read once; the softmax (max-subtracted)
+and the weighted sum are fp32, the output is rounded once to kv's dtype.
+
+Backward (``compressor_bwd``): nothing is saved but the inputs; each program recomputes its
+entries' softmax ``p`` and fp32 ``c`` from the same tile and writes ``dkv_i = p_i dc`` and
+``dscore_i = p_i dc (kv_i - c)``. Each element of dkv and dscore belongs to exactly one
+entry's window, except the first half of the last closed group (CSA) and the dropped tail,
+whose gradient is zero. Programs also walk ``coff - 1`` (plus one when there is a tail)
+"virtual" entries past the last closed group per batch, whose dc is zero, so the kernel
+writes every element once and the gradients need no zero-filled buffers. ``dape`` is the
+sum of dscore over batch and groups: each of at most ``SLABS`` programs per channel block
+walks a contiguous slab of entries, accumulating its ``[window, BLOCK_D]`` share in fp32
+registers, and then either atomically adds it into an fp32 ``[r, coff*d]`` buffer
+(``DAPE_ATOMIC = 1``: the order of the additions, so the last bits, vary run to run) or
+writes it as one row of an fp32 ``[slabs, r, coff*d]`` buffer summed afterwards
+(``DAPE_ATOMIC = 0``: deterministic, but the partials cost ``slabs * r * coff * d * 4``
+bytes each way, which for HCA, with few entries per slab, nears the traffic of the
+gradients themselves).
+
+Floor to compare against: HBM bytes at full bandwidth (``bytes_moved``); the arithmetic is
+a few operations per byte. Forward: kv and score of the closed groups read, c written.
+Backward: kv, score, dc read, dkv and dscore written (every token), ape and dape.
+
+Error bounds per output (against a fp32 reference fed the same inputs): c, dkv and dscore
+are fp32 results rounded once to bf16, relative error at most 2**-8 (below 2**-7 under
+Triton's CPU interpreter, whose casts truncate) plus fp32 evaluation error of about 1e-6
+of the inputs' size; dape is fp32 and differs by summation order only (about 1e-6 of the
+sum of its terms' magnitudes). A truncated and a rounded bf16 value of the same number
+differ by at most one step, below 2**-7 (0.0078) relative, so the registered tolerance
+(atol 1e-3, rtol 1e-2) checks every output tightly at any size.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.launch import launch
+from kernels.registry import Config, Inputs, Shape, TunableKernel, register
+from kernels.tuning import resolve
+
+CSA_RATIO = 4  # the only ratio whose windows overlap (coff = 2), as in the V4 reference
+_BF16_BYTES = 2
+_FP32_BYTES = 4
+
+
+def window_factor(ratio: int) -> int:
+    """``coff``: 2 for the overlapping CSA compressor (ratio 4), 1 otherwise (HCA, ratio 128)."""
+    return 2 if ratio == CSA_RATIO else 1
+
+
+@triton.jit
+def _window_tile(rows, pos, cols, n_rows, entries, seq, dim, RATIO: tl.constexpr, COFF: tl.constexpr):
+    """Offsets into kv/score and the mask of a ``[rows, window positions, channels]`` tile.
+
+    ``rows`` count entries over the flattened batch, ``entries`` per batch element.
+    """
+    batch = rows // entries
+    token = (rows % entries + 1 - COFF) * RATIO + pos
+    mask = (rows < n_rows) & (pos < COFF * RATIO) & (token >= 0) & (token < seq) & (cols < dim)
+    return (batch * seq + token).to(tl.int64) * (COFF * dim) + (pos // RATIO) * dim + cols, mask
+
+
+@triton.jit
+def _ape_tile(pos, cols, dim, RATIO: tl.constexpr, COFF: tl.constexpr):
+    """Offsets into ape (and dape) and the mask of a ``[window positions, channels]`` tile."""
+    offsets = (pos % RATIO)[:, None] * (COFF * dim) + (pos // RATIO)[:, None] * dim + cols[None, :]
+    return offsets, (pos < COFF * RATIO)[:, None] & (cols < dim)[None, :]
+
+
+@triton.jit
+def _pool(kv_ptr, score_ptr, ape, offsets, mask):
+    """Softmax weights ``p`` over the window (axis 1), the fp32 kv tile, and ``c = sum p kv``."""
+    logit = tl.load(score_ptr + offsets, mask=mask, other=0.0).to(tl.float32) + ape[None, :, :]
+    logit = tl.where(mask, logit, -float("inf"))
+    top = tl.max(logit, axis=1)
+    top = tl.where(top == -float("inf"), 0.0, top)  # a lane with no token at all (masked out)
+    weight = tl.exp(logit - top[:, None, :])
+    total = tl.sum(weight, axis=1)
+    p = weight * (1.0 / tl.where(total == 0.0, 1.0, total))[:, None, :]
+    kv = tl.load(kv_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    return p, kv, tl.sum(p * kv, axis=1)
+
+
+@triton.jit
+def _compressor_fwd_kernel(
+    kv_ptr, score_ptr, ape_ptr, out_ptr, n_rows, seq, dim,
+    RATIO: tl.constexpr, COFF: tl.constexpr, WINDOW: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    pos = tl.arange(0, WINDOW)
+    ape_offsets, ape_mask = _ape_tile(pos, cols, dim, RATIO, COFF)
+    ape = tl.load(ape_ptr + ape_offsets, mask=ape_mask, other=0.0).to(tl.float32)
+    offsets, mask = _window_tile(
+        rows[:, None, None], pos[None, :, None], cols[None, None, :], n_rows, seq // RATIO, seq, dim, RATIO, COFF)
+    _, _, c = _pool(kv_ptr, score_ptr, ape, offsets, mask)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * dim + cols[None, :], c.to(out_ptr.dtype.element_ty),
+             mask=(rows < n_rows)[:, None] & (cols < dim)[None, :])
+
+
+@triton.jit
+def _compressor_bwd_kernel(
+    kv_ptr, score_ptr, ape_ptr, dc_ptr, dkv_ptr, dscore_ptr, dape_ptr,
+    n_rows, entries, seq, dim, rows_per_slab,
+    RATIO: tl.constexpr, COFF: tl.constexpr, WINDOW: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+    DAPE_ATOMIC: tl.constexpr,
+):
+    slab = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    pos = tl.arange(0, WINDOW)
+    groups = seq // RATIO
+    ape_offsets, ape_mask = _ape_tile(pos, cols, dim, RATIO, COFF)
+    ape = tl.load(ape_ptr + ape_offsets, mask=ape_mask, other=0.0).to(tl.float32)
+    dape = tl.zeros([WINDOW, BLOCK_D], dtype=tl.float32)
+    first_row = slab * rows_per_slab
+    for r0 in range(first_row, tl.minimum(first_row + rows_per_slab, n_rows), BLOCK_G):
+        rows = r0 + tl.arange(0, BLOCK_G)
+        offsets, mask = _window_tile(
+            rows[:, None, None], pos[None, :, None], cols[None, None, :], n_rows, entries, seq, dim, RATIO, COFF)
+        p, kv, c = _pool(kv_ptr, score_ptr, ape, offsets, mask)
+        group = rows % entries
+        closed = (rows < n_rows) & (group < groups)  # a real entry; the virtual ones get dc = 0
+        dc_rows = (rows // entries * groups + group).to(tl.int64)
+        dc = tl.load(dc_ptr + dc_rows[:, None] * dim + cols[None, :], mask=closed[:, None] & (cols < dim)[None, :],
+                     other=0.0).to(tl.float32)
+        dkv = p * dc[:, None, :]
+        dlogit = dkv * (kv - c[:, None, :])
+        tl.store(dkv_ptr + offsets, dkv.to(dkv_ptr.dtype.element_ty), mask=mask)
+        tl.store(dscore_ptr + offsets, dlogit.to(dscore_ptr.dtype.element_ty), mask=mask)
+        dape += tl.sum(dlogit, axis=0)
+    if DAPE_ATOMIC:
+        tl.atomic_add(dape_ptr + ape_offsets, dape, mask=ape_mask)
+    else:
+        tl.store(dape_ptr + slab * (RATIO * COFF * dim) + ape_offsets, dape, mask=ape_mask)
+
+
+def _constexprs(ratio: int, config: Config) -> dict[str, int]:
+    coff = window_factor(ratio)
+    return {"RATIO": ratio, "COFF": coff, "WINDOW": triton.next_power_of_2(coff * ratio),
+            "BLOCK_G": config["BLOCK_G"], "BLOCK_D": config["BLOCK_D"]}
+
+
+def _forward(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, config: Config,
+             compile_only: bool = False) -> torch.Tensor:
+    """Launch the forward on contiguous inputs (the ratio is ``ape.shape[0]``); returns ``c [B, S // r, d]``."""
+    batch, seq, width = kv.shape
+    ratio = ape.shape[0]
+    dim = width // window_factor(ratio)
+    out = kv.new_empty(batch, seq // ratio, dim)
+    n_rows = batch * (seq // ratio)
+    launch(
+        _compressor_fwd_kernel,
+        (triton.cdiv(n_rows, config["BLOCK_G"]), triton.cdiv(dim, config["BLOCK_D"])),
+        (kv, score, ape, out, n_rows, seq, dim),
+        _constexprs(ratio, config),
+        config,
+        compile_only,
+    )
+    return out
+
+
+def _backward(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, grad_out: torch.Tensor, config: Config,
+              compile_only: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward on contiguous tensors; returns ``(dkv, dscore, dape)``, dape in ape's dtype."""
+    batch, seq, width = kv.shape
+    ratio = ape.shape[0]
+    coff = window_factor(ratio)
+    dim = width // coff
+    # Closed groups, then the virtual entries whose windows hold the zero-gradient halves and tail.
+    entries = triton.cdiv(seq, ratio) + coff - 1
+    n_rows = batch * entries
+    block_g = config["BLOCK_G"]
+    row_blocks = triton.cdiv(n_rows, block_g)
+    rows_per_slab = triton.cdiv(row_blocks, max(1, min(config["SLABS"], row_blocks))) * block_g
+    slabs = triton.cdiv(n_rows, rows_per_slab)
+    dkv, dscore = torch.empty_like(kv), torch.empty_like(score)
+    if config["DAPE_ATOMIC"]:
+        dape = torch.zeros(ratio, width, dtype=torch.float32, device=kv.device)
+    else:
+        dape = torch.empty(slabs, ratio, width, dtype=torch.float32, device=kv.device)
+    launch(
+        _compressor_bwd_kernel,
+        (slabs, triton.cdiv(dim, config["BLOCK_D"])),
+        (kv, score, ape, grad_out, dkv, dscore, dape, n_rows, entries, seq, dim, rows_per_slab),
+        {**_constexprs(ratio, config), "DAPE_ATOMIC": bool(config["DAPE_ATOMIC"])},
+        config,
+        compile_only,
+    )
+    if not config["DAPE_ATOMIC"]:
+        dape = dape.sum(0)
+    return dkv, dscore, dape.to(ape.dtype)
+
+
+def _resolved(kernel: str, kv: torch.Tensor, ratio: int) -> Config:
+    batch, seq, width = kv.shape
+    config, _ = resolve(kernel, {"batch": batch, "seq": seq, "ratio": ratio, "dim": width // window_factor(ratio)})
+    return config
+
+
+class _CompressorPool(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(kv, score, ape)
+        return _forward(kv, score, ape, _resolved("compressor_fwd", kv, ape.shape[0]))
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        kv, score, ape = ctx.saved_tensors
+        return _backward(kv, score, ape, grad_out.contiguous(), _resolved("compressor_bwd", kv, ape.shape[0]))
+
+
+def compressor_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
+    """Pooled entries ``c [B, S // r, d]`` of the V4 compressor; differentiable in kv, score and ape.
+
+    ``kv`` and ``score [B, S, coff*d]`` (both bf16 or both fp32) are the two projections,
+    ``ape [r, coff*d]`` (any float dtype) the position bias; the ratio r is ``ape.shape[0]``
+    (4: CSA, overlapping windows, coff 2; any other, e.g. 128 for HCA: coff 1). The output
+    has kv's dtype, the gradients their inputs' dtypes. Launch parameters come from
+    ``kernels.tuning.resolve``.
+    """
+    if kv.dim() != 3 or score.shape != kv.shape:
+        raise ValueError(f"kv and score must both be [B, S, coff*d], got {list(kv.shape)} and {list(score.shape)}")
+    if kv.dtype not in (torch.bfloat16, torch.float32) or score.dtype != kv.dtype:
+        raise ValueError(f"kv and score must both be bfloat16 or both float32, got {kv.dtype} and {score.dtype}")
+    if ape.dim() != 2 or ape.shape[0] < 1 or ape.shape[1] != kv.shape[2] or not ape.is_floating_point():
+        raise ValueError(f"ape must be a float [ratio, {kv.shape[2]}], got {list(ape.shape)} {ape.dtype}")
+    coff = window_factor(ape.shape[0])
+    if kv.shape[2] % coff or kv.shape[0] < 1 or kv.shape[1] < 1:
+        raise ValueError(f"ratio {ape.shape[0]} needs a non-empty [B, S, {coff}*d] kv, got {list(kv.shape)}")
+    return _CompressorPool.apply(kv.contiguous(), score.contiguous(), ape.contiguous())
+
+
+def _overlap(grouped: torch.Tensor, dim: int, fill: float) -> torch.Tensor:
+    """``[B, G, r, 2d] -> [B, G, 2r, d]``: the previous group's first half (``fill`` for group 0), then
+    the group's own second half."""
+    previous = torch.cat([torch.full_like(grouped[:, :1, :, :dim], fill), grouped[:, :-1, :, :dim]], dim=1)
+    return torch.cat([previous, grouped[..., dim:]], dim=2)
+
+
+def compressor_pool_reference(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
+    """Eager fp32 math of ``compressor_pool`` (differentiable), in kv's dtype."""
+    batch, seq, width = kv.shape
+    ratio = ape.shape[0]
+    coff = window_factor(ratio)
+    closed = seq // ratio * ratio
+    values = kv[:, :closed].float().unflatten(1, (-1, ratio))
+    logits = score[:, :closed].float().unflatten(1, (-1, ratio)) + ape.float()
+    if coff == 2:
+        values, logits = _overlap(values, width // 2, 0.0), _overlap(logits, width // 2, -float("inf"))
+    return (logits.softmax(dim=2) * values).sum(dim=2).to(kv.dtype)
+
+
+# ----- registration -------------------------------------------------------------------
+
+
+def _make_inputs(shape: Shape, device: torch.device, seed: int, backward: bool) -> Inputs:
+    """bf16 kv and score (unit normal), fp32 ape (std 0.5), and for the backward a unit-normal dc."""
+    gen = torch.Generator().manual_seed(seed)
+    batch, seq, ratio, dim = shape["batch"], shape["seq"], shape["ratio"], shape["dim"]
+    width = window_factor(ratio) * dim
+    tensors = {
+        "kv": torch.randn(batch, seq, width, generator=gen).to(torch.bfloat16),
+        "score": torch.randn(batch, seq, width, generator=gen).to(torch.bfloat16),
+        "ape": 0.5 * torch.randn(ratio, width, generator=gen),
+    }
+    if backward:
+        tensors["grad_out"] = torch.randn(batch, seq // ratio, dim, generator=gen).to(torch.bfloat16)
+    return {name: t.to(device) for name, t in tensors.items()}
+
+
+def _run_fwd(inputs: Inputs, config: Config) -> torch.Tensor:
+    return _forward(inputs["kv"], inputs["score"], inputs["ape"], config)
+
+
+def _compile_fwd(inputs: Inputs, config: Config) -> None:
+    _forward(inputs["kv"], inputs["score"], inputs["ape"], config, compile_only=True)
+
+
+def _reference_fwd(inputs: Inputs) -> torch.Tensor:
+    return compressor_pool_reference(inputs["kv"], inputs["score"], inputs["ape"])
+
+
+def _run_bwd(inputs: Inputs, config: Config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(inputs["kv"], inputs["score"], inputs["ape"], inputs["grad_out"], config)
+
+
+def _compile_bwd(inputs: Inputs, config: Config) -> None:
+    _backward(inputs["kv"], inputs["score"], inputs["ape"], inputs["grad_out"], config, compile_only=True)
+
+
+def _reference_bwd(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients by autograd through the eager fp32 math, in the inputs' dtypes."""
+    with torch.enable_grad():
+        leaves = [inputs[name].detach().float().requires_grad_() for name in ("kv", "score", "ape")]
+        out = compressor_pool_reference(*leaves)
+        grads = torch.autograd.grad(out, leaves, inputs["grad_out"].float())
+    return tuple(g.to(inputs[name].dtype) for g, name in zip(grads, ("kv", "score", "ape")))
+
+
+def _tile(shape: Shape) -> tuple[int, int]:
+    """``(BLOCK_G, BLOCK_D)`` of about 4096 window values: 64 channels (128-byte rows) for CSA's
+    8-wide window, 32 for HCA's 128-wide one, with as many entries as fill the rest."""
+    ratio, dim = shape["ratio"], shape["dim"]
+    window = triton.next_power_of_2(window_factor(ratio) * ratio)
+    block_d = min(triton.next_power_of_2(dim), max(16, min(64, 4096 // window)))
+    entries = max(1, shape["batch"] * (shape["seq"] // ratio))
+    return min(max(1, 4096 // (window * block_d)), triton.next_power_of_2(entries)), block_d
+
+
+def _default_fwd_config(shape: Shape) -> Config:
+    """One 4096-value window tile per program over 8 warps: 16 values of kv and score per thread."""
+    block_g, block_d = _tile(shape)
+    return {"BLOCK_G": block_g, "BLOCK_D": block_d, "num_warps": 8, "num_stages": 1}
+
+
+def _default_bwd_config(shape: Shape) -> Config:
+    """The forward's tile; 128 slabs per channel block where there are that many entry blocks (fewer,
+    down to 32, for HCA); atomics for dape where per-slab partials would add more than an eighth to
+    the bytes moved (HCA, with few entries per slab)."""
+    block_g, block_d = _tile(shape)
+    ratio, dim = shape["ratio"], shape["dim"]
+    entry_blocks = triton.cdiv(shape["batch"] * (triton.cdiv(shape["seq"], ratio) + window_factor(ratio) - 1), block_g)
+    slabs = max(s for s in (32, 64, 128) if s <= max(32, entry_blocks))
+    partial_bytes = 2 * min(slabs, entry_blocks) * ratio * window_factor(ratio) * dim * _FP32_BYTES
+    return {"BLOCK_G": block_g, "BLOCK_D": block_d, "SLABS": slabs,
+            "DAPE_ATOMIC": int(8 * partial_bytes > _bytes_bwd(shape)), "num_warps": 8, "num_stages": 1}
+
+
+def _sizes(shape: Shape) -> tuple[int, int, int, int]:
+    """Elements of one of kv/score (all tokens), of its closed groups, of c, and of ape."""
+    batch, seq, ratio, dim = shape["batch"], shape["seq"], shape["ratio"], shape["dim"]
+    width = window_factor(ratio) * dim
+    groups = seq // ratio
+    return batch * seq * width, batch * groups * ratio * width, batch * groups * dim, ratio * width
+
+
+def _bytes_fwd(shape: Shape) -> int:
+    """kv and score of the closed groups read, ape read, c written."""
+    _, pooled, out, ape = _sizes(shape)
+    return _BF16_BYTES * (2 * pooled + out) + _FP32_BYTES * ape
+
+
+def _bytes_bwd(shape: Shape) -> int:
+    """kv, score (closed groups) and dc read; dkv and dscore written for every token; ape read, dape written."""
+    tokens, pooled, out, ape = _sizes(shape)
+    return _BF16_BYTES * (2 * pooled + out + 2 * tokens) + 2 * _FP32_BYTES * ape
+
+
+_SHAPE_FIELDS = ("batch", "seq", "ratio", "dim")
+# V4-Flash and V4-Pro share the compressor shapes: latent d 512 (CSA r 4 and HCA r 128) and
+# the CSA indexer's own compressor (r 4, d 128).
+_V4_SHAPES = [{"batch": 1, "seq": seq, "ratio": ratio, "dim": dim}
+              for seq in (4096, 8192) for ratio, dim in ((4, 512), (4, 128), (128, 512))]
+_PRESETS = {
+    "v4-flash": _V4_SHAPES,
+    "v4-pro": _V4_SHAPES,
+    # Tails of 2 and 44 tokens, d not a power of two, and a sequence shorter than one HCA group.
+    "small": [{"batch": 2, "seq": 38, "ratio": 4, "dim": 40},
+              {"batch": 2, "seq": 300, "ratio": 128, "dim": 24},
+              {"batch": 2, "seq": 9, "ratio": 4, "dim": 128},
+              {"batch": 2, "seq": 100, "ratio": 128, "dim": 16}],
+}
+
+register(
+    TunableKernel(
+        name="compressor_fwd",
+        shape_fields=_SHAPE_FIELDS,
+        exact_fields=("ratio", "dim"),
+        make_inputs=functools.partial(_make_inputs, backward=False),
+        run=_run_fwd,
+        reference=_reference_fwd,
+        default_config=_default_fwd_config,
+        bytes_moved=_bytes_fwd,
+        compile=_compile_fwd,
+        atol=1e-3,
+        rtol=1e-2,
+        presets=_PRESETS,
+    )
+)
+register(
+    TunableKernel(
+        name="compressor_bwd",
+        shape_fields=_SHAPE_FIELDS,
+        exact_fields=("ratio", "dim"),
+        make_inputs=functools.partial(_make_inputs, backward=True),
+        run=_run_bwd,
+        reference=_reference_bwd,
+        default_config=_default_bwd_config,
+        bytes_moved=_bytes_bwd,
+        compile=_compile_bwd,
+        atol=1e-3,
+        rtol=1e-2,
+        presets=_PRESETS,
+    )
+)

@@ -1,0 +1,348 @@
+"""DeepSeek-V4 lightning indexer: causal index scores of the compressed entries, then their top-k.
+
+Per query s and compressed entry t, with indexer queries ``q [B, S, H, D]``, compressed
+keys ``k [B, S // r, D]`` (the indexer compressor's output) and head weights ``w [B, S, H]``::
+
+    I[s, t] = sum_h w[s, h] * ReLU(q[s, h] . k[t])       for t < (s + 1) // r, else absent
+
+then the ``topk`` valid entries of each query with the largest I (V4: H = 64, D = 128,
+r = 4, topk 512 on Flash and 1024 on Pro). A BF16 proxy of the reference: no Hadamard
+rotation and no FP8/FP4 simulation. The indexer's gradient path is frozen here, as
+Primus freezes it to measure its kernels: the outputs carry no gradient, and there is no
+backward.
+
+Two launches, tuned together as ``indexer_fwd``:
+
+* Scoring (the heavy part). A program takes ``BLOCK_S`` queries of one batch element
+  (latest queries first: they see the most entries) and walks the key tiles of
+  ``BLOCK_T`` entries they can see. Per key tile it loops over the heads ``BLOCK_H`` at a
+  time: one ``tl.dot`` of the ``[BLOCK_S * BLOCK_H, D]`` (query, head) rows against the
+  tile, ReLU and the w weighting in registers, and a sum over the heads into a
+  ``[BLOCK_S, BLOCK_T]`` fp32 accumulator. The causal mask is computed inline from the
+  indices; only visible scores are stored, into a fp32 ``[B, S, S // r]`` buffer (the
+  rest is never written or read).
+* Selection, in Triton. A program holds ``SELECT_ROWS`` score rows (``next_pow2(S // r)``
+  values each) in registers, maps every score to an order-preserving int32 key (-0.0 and
+  +0.0 as one) and finds the k-th largest key exactly by a 32-step bisection of counts;
+  the entries above it and, of those equal to it, the lowest indices fill the k slots,
+  compacted by prefix sums. So ties go to the lower index, and the output lists each
+  query's picks in ascending index order (not by score). Queries with fewer than topk
+  visible entries take all of them, padded with index -1 (score -inf).
+
+Floor to compare against: the causal scoring's FLOPs, ``2 * B * H * D * sum_s min((s + 1)
+// r, S // r)``, at the bf16 tensor-core peak (``flops``): 137 GFLOP at S = 8192, about
+140 us on an H200 (989 TFLOP/s dense), against about 35-45 us for the bytes that must
+move (``bytes_moved``: q, k, w read, indices and scores written) at 4.8 TB/s. So the
+scoring is compute-bound; the fp32 score buffer (its visible half, about 34 MB at S =
+8192, written and read once) is an implementation cost the floor does not include.
+
+Error bounds: products of bf16 values are exact in fp32, so scores differ from a fp32
+reference only by summation order, about 1e-6 of ``sum_h |w| |q . k|``. The selection is
+exact for the scores it is given; where two entries' reference scores lie within that
+error of each other at the k-th place, the kernel may pick the other one (so parity checks
+compare index sets by their reference scores). The registered launch's inputs are small
+integers, whose scores are exact in fp32 in any order, so there indices and scores must
+match the reference exactly, tie rule included.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels.arch import INTERPRETER_ARCH, current_arch
+from kernels.launch import launch
+from kernels.registry import Config, Inputs, Shape, TunableKernel, register
+from kernels.tuning import resolve
+
+INDEX_HEADS = 64
+INDEX_DIM = 128
+INDEX_RATIO = 4
+_BF16_BYTES = 2
+_FP32_BYTES = 4
+_INDEX_BYTES = 4
+
+
+@triton.jit
+def _mma(a, b, UPCAST: tl.constexpr):
+    """``a @ b`` in fp32; UPCAST gives the dot fp32 operands (Triton 3.9's CPU interpreter multiplies
+    bf16 operands as their raw uint16 bits)."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _score_kernel(
+    q_ptr, k_ptr, w_ptr, scores_ptr, seq, n_keys, heads, dim, ratio,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, DIM_PAD: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    query_blocks = tl.cdiv(seq, BLOCK_S)
+    batch = tl.program_id(0) // query_blocks
+    s0 = (query_blocks - 1 - tl.program_id(0) % query_blocks) * BLOCK_S
+    queries = s0 + tl.arange(0, BLOCK_S)
+    visible = (queries + 1) // ratio  # entries each query sees
+    # (query, head) rows of the dot: BLOCK_H heads of each query, head fastest.
+    rows = tl.arange(0, BLOCK_S * BLOCK_H)
+    row_query = s0 + rows // BLOCK_H
+    row_head = rows % BLOCK_H
+    dims = tl.arange(0, DIM_PAD)
+    dim_mask = dims < dim
+    end = tl.minimum(s0 + BLOCK_S, seq) // ratio  # entries the block's last query sees
+    for t0 in range(0, end, BLOCK_T):
+        keys = t0 + tl.arange(0, BLOCK_T)
+        k = tl.load(k_ptr + (batch * n_keys + keys).to(tl.int64)[:, None] * dim + dims[None, :],
+                    mask=(keys < end)[:, None] & dim_mask[None, :], other=0.0)
+        k = tl.trans(k)
+        acc = tl.zeros([BLOCK_S, BLOCK_T], dtype=tl.float32)
+        for h0 in range(0, heads, BLOCK_H):
+            head = h0 + row_head
+            row_mask = (row_query < seq) & (head < heads)
+            q_rows = ((batch * seq + row_query) * heads + head).to(tl.int64)
+            q = tl.load(q_ptr + q_rows[:, None] * dim + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :],
+                        other=0.0)
+            w = tl.load(w_ptr + q_rows, mask=row_mask, other=0.0).to(tl.float32)
+            part = tl.maximum(_mma(q, k, UPCAST), 0.0) * w[:, None]
+            if BLOCK_H == 1:
+                acc += part
+            else:
+                acc += tl.sum(tl.reshape(part, [BLOCK_S, BLOCK_H, BLOCK_T]), axis=1)
+        tl.store(scores_ptr + (batch * seq + queries).to(tl.int64)[:, None] * n_keys + keys[None, :], acc,
+                 mask=(queries < seq)[:, None] & (keys[None, :] < visible[:, None]))
+
+
+@triton.jit
+def _select_kernel(
+    scores_ptr, indices_ptr, top_ptr, n_rows, seq, n_keys, ratio, topk, pad_score,
+    SELECT_ROWS: tl.constexpr, KEYS_PAD: tl.constexpr, TOPK_PAD: tl.constexpr,
+):
+    rows = tl.program_id(0) * SELECT_ROWS + tl.arange(0, SELECT_ROWS)
+    row_mask = rows < n_rows
+    n_visible = tl.where(row_mask, tl.minimum((rows % seq + 1) // ratio, n_keys), 0)
+    want = tl.minimum(n_visible, topk)
+    rows = rows.to(tl.int64)
+    keys = tl.arange(0, KEYS_PAD)
+    valid = keys[None, :] < n_visible[:, None]
+    x = tl.load(scores_ptr + rows[:, None] * n_keys + keys[None, :], mask=valid, other=0.0)
+    # Order-preserving int32 keys: flip the magnitude bits of negatives; -0.0 joins +0.0.
+    bits = x.to(tl.int32, bitcast=True)
+    order = tl.where(x == 0.0, 0, bits ^ ((bits >> 31) & 0x7FFFFFFF))
+    # The largest threshold with at least `want` keys at or above it is the want-th largest key.
+    lo = tl.full([SELECT_ROWS], -2147483648, tl.int64)
+    hi = tl.full([SELECT_ROWS], 2147483647, tl.int64)
+    for _ in range(32):
+        mid = lo + (hi - lo + 1) // 2
+        enough = tl.sum((valid & (order >= mid[:, None])).to(tl.int32), axis=1) >= want
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid - 1)
+    above = valid & (order > lo[:, None])
+    at = valid & (order == lo[:, None])
+    room = want - tl.sum(above.to(tl.int32), axis=1)
+    chosen = above | (at & (tl.cumsum(at.to(tl.int32), axis=1) <= room[:, None]))
+    slots = rows[:, None] * topk + tl.cumsum(chosen.to(tl.int32), axis=1) - 1
+    tl.store(indices_ptr + slots, tl.broadcast_to(keys[None, :], [SELECT_ROWS, KEYS_PAD]), mask=chosen)
+    tl.store(top_ptr + slots, x, mask=chosen)
+    pads = tl.arange(0, TOPK_PAD)
+    pad_mask = row_mask[:, None] & (pads[None, :] >= want[:, None]) & (pads[None, :] < topk)
+    pad_slots = rows[:, None] * topk + pads[None, :]
+    tl.store(indices_ptr + pad_slots, tl.full([SELECT_ROWS, TOPK_PAD], -1, tl.int32), mask=pad_mask)
+    tl.store(top_ptr + pad_slots, pad_score + tl.zeros([SELECT_ROWS, TOPK_PAD], tl.float32), mask=pad_mask)
+
+
+def _score_rows(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ratio: int, config: Config,
+                compile_only: bool = False) -> torch.Tensor:
+    """Launch the scoring on contiguous inputs: fp32 ``[B, S, S // r]``, I where visible, undefined elsewhere."""
+    batch, seq, heads, dim = q.shape
+    n_keys = k.shape[1]
+    rows = torch.empty(batch, seq, n_keys, dtype=torch.float32, device=q.device)
+    launch(
+        _score_kernel,
+        (batch * triton.cdiv(seq, config["BLOCK_S"]),),
+        (q, k, w, rows, seq, n_keys, heads, dim, ratio),
+        {"BLOCK_S": config["BLOCK_S"], "BLOCK_H": config["BLOCK_H"], "BLOCK_T": config["BLOCK_T"],
+         "DIM_PAD": max(16, triton.next_power_of_2(dim)), "UPCAST": current_arch() == INTERPRETER_ARCH},
+        config,
+        compile_only,
+    )
+    return rows
+
+
+def _select(rows: torch.Tensor, topk: int, ratio: int, config: Config, compile_only: bool = False,
+            pad_score: float = -float("inf")) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the selection on score rows ``[B, S, Sc]`` (only the visible prefix of each is read);
+    returns ``(indices, scores)`` ``[B, S, topk]``, padded with -1 and ``pad_score``."""
+    batch, seq, n_keys = rows.shape
+    indices = torch.empty(batch, seq, topk, dtype=torch.int32, device=rows.device)
+    scores = torch.empty(batch, seq, topk, dtype=torch.float32, device=rows.device)
+    launch(
+        _select_kernel,
+        (triton.cdiv(batch * seq, config["SELECT_ROWS"]),),
+        (rows, indices, scores, batch * seq, seq, n_keys, ratio, topk, pad_score),
+        {"SELECT_ROWS": config["SELECT_ROWS"], "KEYS_PAD": triton.next_power_of_2(max(1, n_keys)),
+         "TOPK_PAD": triton.next_power_of_2(topk)},
+        {**config, "num_warps": config["SELECT_WARPS"], "num_stages": 1},
+        compile_only,
+    )
+    return indices, scores
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, topk: int, ratio: int, config: Config,
+             compile_only: bool = False, pad_score: float = -float("inf")) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scoring, then selection, on contiguous inputs; returns ``(indices, scores)``."""
+    rows = _score_rows(q, k, w, ratio, config, compile_only)
+    return _select(rows, topk, ratio, config, compile_only, pad_score)
+
+
+def indexer_topk(
+    q_i: torch.Tensor, k_i: torch.Tensor, w: torch.Tensor, topk: int, ratio: int = INDEX_RATIO
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-k visible compressed entries of each query: ``(indices, scores)``, both ``[B, S, topk]``.
+
+    ``q_i [B, S, H, D]`` and ``k_i [B, S // ratio, D]`` bf16, ``w [B, S, H]`` bf16 or fp32.
+    Query s sees entries ``t < (s + 1) // ratio``. ``indices`` (int32) lists each query's
+    picks in ascending index order, then -1 padding where it sees fewer than topk;
+    ``scores`` (fp32) holds their index scores, -inf at the padding. Equal scores go to the
+    lower index. Not differentiable (the indexer's gradient path is frozen). Launch
+    parameters come from ``kernels.tuning.resolve`` (shape ``batch, seq, topk``).
+    """
+    if q_i.dim() != 4 or k_i.dim() != 3 or w.dim() != 3:
+        raise ValueError(f"need q_i [B, S, H, D], k_i [B, Sc, D], w [B, S, H]; got {list(q_i.shape)}, "
+                         f"{list(k_i.shape)}, {list(w.shape)}")
+    batch, seq, heads, dim = q_i.shape
+    if ratio < 1 or topk < 1:
+        raise ValueError(f"ratio and topk must be positive, got {ratio} and {topk}")
+    if tuple(k_i.shape) != (batch, seq // ratio, dim) or tuple(w.shape) != (batch, seq, heads):
+        raise ValueError(f"for q_i {list(q_i.shape)} and ratio {ratio}, k_i must be [{batch}, {seq // ratio}, {dim}] "
+                         f"and w [{batch}, {seq}, {heads}]; got {list(k_i.shape)} and {list(w.shape)}")
+    if q_i.dtype != torch.bfloat16 or k_i.dtype != torch.bfloat16 or w.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"q_i and k_i must be bfloat16 and w bfloat16 or float32; got {q_i.dtype}, {k_i.dtype}, "
+                         f"{w.dtype}")
+    config, _ = resolve("indexer_fwd", {"batch": batch, "seq": seq, "topk": topk})
+    return _forward(q_i.contiguous(), k_i.contiguous(), w.contiguous(), topk, ratio, config)
+
+
+def index_scores_reference(
+    q_i: torch.Tensor, k_i: torch.Tensor, w: torch.Tensor, ratio: int = INDEX_RATIO
+) -> torch.Tensor:
+    """Eager fp32 ``I [B, S, S // ratio]``, -inf where an entry is not visible; one head at a time
+    (an ``[B, S, H, S // ratio]`` intermediate would be 4 GB at S = 8192)."""
+    batch, seq, heads, _ = q_i.shape
+    keys = k_i.float()
+    scores = torch.zeros(batch, seq, k_i.shape[1], dtype=torch.float32, device=q_i.device)
+    for h in range(heads):
+        scores += w[:, :, h, None].float() * torch.relu(q_i[:, :, h].float() @ keys.transpose(1, 2))
+    queries = torch.arange(seq, device=q_i.device)
+    visible = torch.arange(k_i.shape[1], device=q_i.device)[None, :] < (queries + 1)[:, None] // ratio
+    return scores.masked_fill(~visible, -float("inf"))
+
+
+def select_topk_reference(scores: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``indexer_topk``'s selection from score rows (-inf = not visible), by a stable sort: the
+    largest scores, equal ones by lower index, listed in ascending index order, -1 / -inf padded."""
+    n_keys = scores.shape[-1]
+    take = min(topk, n_keys)
+    ranked = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :take]
+    ranked = torch.where(scores.gather(-1, ranked) > -float("inf"), ranked, n_keys).sort(dim=-1).values
+    padded = ranked == n_keys
+    picked = scores.gather(-1, ranked.masked_fill(padded, 0)).masked_fill(padded, -float("inf"))
+    indices = ranked.masked_fill(padded, -1).int()
+    return F.pad(indices, (0, topk - take), value=-1), F.pad(picked, (0, topk - take), value=-float("inf"))
+
+
+def indexer_topk_reference(
+    q_i: torch.Tensor, k_i: torch.Tensor, w: torch.Tensor, topk: int, ratio: int = INDEX_RATIO
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager fp32 math of ``indexer_topk``, same output convention."""
+    return select_topk_reference(index_scores_reference(q_i, k_i, w, ratio), topk)
+
+
+# ----- registration -------------------------------------------------------------------
+
+
+def _make_inputs(shape: Shape, device: torch.device, seed: int) -> Inputs:
+    """q, k and w drawn from the nonzero integers -4..4 (bf16), the V4 indexer's sizes.
+
+    Their scores are integers below 2**24, exact in fp32 whatever the summation order, so
+    the sweep's element-wise check can demand the reference's indices exactly, tie rule
+    included (integer scores tie often). Timing does not depend on the values.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    batch, seq = shape["batch"], shape["seq"]
+
+    def integers(*size: int) -> torch.Tensor:
+        magnitude = torch.randint(1, 5, size, generator=gen)
+        sign = torch.randint(0, 2, size, generator=gen) * 2 - 1
+        return (magnitude * sign).to(torch.bfloat16).to(device)
+
+    return {"q": integers(batch, seq, INDEX_HEADS, INDEX_DIM), "k": integers(batch, seq // INDEX_RATIO, INDEX_DIM),
+            "w": integers(batch, seq, INDEX_HEADS), "topk": shape["topk"]}
+
+
+def _run(inputs: Inputs, config: Config) -> tuple[torch.Tensor, torch.Tensor]:
+    # Padding scores 0 instead of -inf: the sweep's output check rejects non-finite values.
+    return _forward(inputs["q"], inputs["k"], inputs["w"], inputs["topk"], INDEX_RATIO, config, pad_score=0.0)
+
+
+def _compile(inputs: Inputs, config: Config) -> None:
+    _forward(inputs["q"], inputs["k"], inputs["w"], inputs["topk"], INDEX_RATIO, config, compile_only=True)
+
+
+def _reference(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    indices, scores = indexer_topk_reference(inputs["q"], inputs["k"], inputs["w"], inputs["topk"], INDEX_RATIO)
+    return indices, scores.masked_fill(indices < 0, 0.0)
+
+
+def _visible_pairs(shape: Shape) -> int:
+    """(query, entry) pairs the causal mask lets through."""
+    keys = shape["seq"] // INDEX_RATIO
+    return shape["batch"] * sum(min(n // INDEX_RATIO, keys) for n in range(1, shape["seq"] + 1))
+
+
+def _flops(shape: Shape) -> int:
+    return 2 * INDEX_HEADS * INDEX_DIM * _visible_pairs(shape)
+
+
+def _bytes_moved(shape: Shape) -> int:
+    """q, k and w (bf16) read; indices and scores written. The fp32 score buffer is excluded."""
+    batch, seq, topk = shape["batch"], shape["seq"], shape["topk"]
+    reads = batch * (seq * INDEX_HEADS * (INDEX_DIM + 1) + seq // INDEX_RATIO * INDEX_DIM)
+    return _BF16_BYTES * reads + batch * seq * topk * (_INDEX_BYTES + _FP32_BYTES)
+
+
+def _default_config(shape: Shape) -> Config:
+    """16 queries x 4 heads (64-row dots) against 128-entry tiles over 4 warps; selection of about
+    2048 keys per program (one S = 8192 row, two S = 4096 rows) over 4 warps."""
+    keys_pad = triton.next_power_of_2(max(1, shape["seq"] // INDEX_RATIO))
+    return {"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": min(128, max(16, keys_pad)), "num_warps": 4, "num_stages": 2,
+            "SELECT_ROWS": min(16, max(1, 2048 // keys_pad), triton.next_power_of_2(shape["batch"] * shape["seq"])),
+            "SELECT_WARPS": 4}
+
+
+register(
+    TunableKernel(
+        name="indexer_fwd",
+        shape_fields=("batch", "seq", "topk"),
+        exact_fields=("topk",),
+        make_inputs=_make_inputs,
+        run=_run,
+        reference=_reference,
+        default_config=_default_config,
+        bytes_moved=_bytes_moved,
+        compile=_compile,
+        flops=_flops,
+        atol=1e-6,
+        rtol=1e-6,
+        presets={
+            "v4-flash": [{"batch": 1, "seq": seq, "topk": 512} for seq in (4096, 8192)],
+            "v4-pro": [{"batch": 1, "seq": seq, "topk": 1024} for seq in (4096, 8192)],
+            # Tails of 2 and 1 tokens; early queries that see fewer than topk entries (all of
+            # them, with topk 12 > 9 entries), later ones that see more.
+            "small": [{"batch": 2, "seq": 70, "topk": 8}, {"batch": 1, "seq": 37, "topk": 12},
+                      {"batch": 2, "seq": 48, "topk": 3}],
+        },
+    )
+)

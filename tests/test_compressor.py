@@ -1,0 +1,160 @@
+"""V4 compressor pooling: forward and gradients against the eager math (CSA and HCA windows,
+ragged tails, empty outputs), every gradient element written, tuned configs, the lookup."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import compressor, registry, tuning
+from kernels.arch import current_arch, kernel_device
+from kernels.compressor import compressor_pool, compressor_pool_reference
+from search_spaces import load_space
+from tests.kernel_checks import assert_config_matches_reference, assert_seeded_random_inputs
+
+DEVICE = kernel_device()
+# bf16 outputs: one rounding of a fp32 result (truncation on the interpreter: below 2**-7 relative);
+# fp32 outputs: evaluation and summation order only.
+TOLERANCES = {torch.bfloat16: {"atol": 1e-3, "rtol": 1e-2}, torch.float32: {"atol": 1e-5, "rtol": 1e-5}}
+
+
+def _inputs(batch, seq, ratio, dim, dtype, seed, strided=False):
+    """kv, score, ape and an output gradient; ``strided`` takes kv and score as the two halves of
+    one fused projection (non-contiguous), as a model would compute them."""
+    gen = torch.Generator().manual_seed(seed)
+    width = compressor.window_factor(ratio) * dim
+    if strided:
+        kv, score = torch.randn(batch, seq, 2 * width, generator=gen).to(DEVICE, dtype).chunk(2, dim=-1)
+    else:
+        kv, score = (torch.randn(batch, seq, width, generator=gen).to(DEVICE, dtype) for _ in range(2))
+    ape = (0.5 * torch.randn(ratio, width, generator=gen)).to(DEVICE)
+    grad = torch.randn(batch, seq // ratio, dim, generator=gen).to(DEVICE, dtype)
+    return kv, score, ape, grad
+
+
+@pytest.mark.parametrize(
+    ("batch", "seq", "ratio", "dim", "dtype", "strided"),
+    [
+        (2, 38, 4, 40, torch.bfloat16, False),   # CSA, a 2-token tail, d not a power of two
+        (1, 16, 4, 512, torch.bfloat16, True),   # CSA latent d, no tail, halves of a fused projection
+        (2, 21, 4, 128, torch.float32, False),   # the indexer's compressor, fp32: a tight check
+        (2, 300, 128, 24, torch.bfloat16, False),  # HCA, a 44-token tail
+        (1, 256, 128, 16, torch.float32, True),  # HCA, fp32, no tail
+        (3, 3, 4, 8, torch.bfloat16, False),     # shorter than one group: no entries, zero gradients
+    ],
+)
+def test_forward_and_gradients_match_eager(batch, seq, ratio, dim, dtype, strided):
+    kv, score, ape, grad = _inputs(batch, seq, ratio, dim, dtype, seed=seq + dim, strided=strided)
+    leaves = [t.detach().clone().requires_grad_() for t in (kv, score, ape)]
+    out = compressor_pool(*leaves)
+    out.backward(grad)
+
+    ref_leaves = [t.detach().float().requires_grad_() for t in (kv, score, ape)]
+    ref = compressor_pool_reference(*ref_leaves)
+    ref.backward(grad.float())
+
+    assert out.shape == (batch, seq // ratio, dim) and out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, **TOLERANCES[dtype])
+    for leaf, ref_leaf in zip(leaves, ref_leaves):
+        assert leaf.grad.dtype == leaf.dtype and leaf.grad.shape == leaf.shape
+        torch.testing.assert_close(leaf.grad.float(), ref_leaf.grad, **TOLERANCES[leaf.dtype])
+    # The overlapping window: group 0's first channel half is pooled by entry 1 only.
+    if ratio == compressor.CSA_RATIO and seq >= 2 * ratio:
+        changed = kv.clone()
+        changed[:, :ratio, :dim] = 0
+        again = compressor_pool(changed, score, ape)
+        assert torch.equal(again[:, 0], out[:, 0].detach()) and torch.equal(again[:, 2:], out[:, 2:].detach())
+        assert not torch.equal(again[:, 1], out[:, 1].detach())
+
+
+def test_every_gradient_element_is_written(monkeypatch):
+    """dkv and dscore come from uninitialised buffers: the tail, and (CSA) the first half of the last
+    group, which no entry pools, must be written as zeros by the kernel itself."""
+    real_empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: real_empty_like(t, **kw).fill_(float("nan")))
+    for ratio, seq in ((4, 22), (128, 150)):
+        kv, score, ape, grad = _inputs(2, seq, ratio, 16, torch.bfloat16, seed=ratio)
+        config = registry.get("compressor_bwd").default_config({"batch": 2, "seq": seq, "ratio": ratio, "dim": 16})
+        dkv, dscore, _ = compressor._backward(kv, score, ape, grad, config)
+        closed = seq // ratio * ratio
+        for g in (dkv, dscore):
+            assert torch.isfinite(g).all()
+            assert (g[:, closed:] == 0).all()
+            if ratio == compressor.CSA_RATIO:
+                assert (g[:, closed - ratio:closed, :16] == 0).all()
+                assert (g[:, closed - ratio:closed, 16:] != 0).all()
+
+
+FWD_CONFIGS = [
+    {"BLOCK_G": 1, "BLOCK_D": 16, "num_warps": 1, "num_stages": 1},  # ragged channel blocks
+    {"BLOCK_G": 4, "BLOCK_D": 16, "num_warps": 2, "num_stages": 1},  # entries of both batch elements
+    {"BLOCK_G": 8, "BLOCK_D": 64, "num_warps": 4, "num_stages": 1},  # wider than d = 40
+]
+BWD_CONFIGS = [
+    # One program walks every entry (one dape partial), and its atomic twin.
+    {"BLOCK_G": 1, "BLOCK_D": 16, "SLABS": 1, "DAPE_ATOMIC": 0, "num_warps": 2, "num_stages": 1},
+    {"BLOCK_G": 1, "BLOCK_D": 16, "SLABS": 1, "DAPE_ATOMIC": 1, "num_warps": 2, "num_stages": 1},
+    # Ragged slabs of entries, with both dape modes.
+    {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 3, "DAPE_ATOMIC": 0, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_G": 4, "BLOCK_D": 32, "SLABS": 32, "DAPE_ATOMIC": 1, "num_warps": 4, "num_stages": 1},
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "config"),
+    [("compressor_fwd", c) for c in FWD_CONFIGS] + [("compressor_bwd", c) for c in BWD_CONFIGS],
+)
+def test_tuned_configs_match_reference(name, config):
+    kernel, space = registry.get(name), load_space(name)
+    # Shapes the space prunes the config for are skipped: at least one must remain.
+    assert any(space.violation(config, shape, current_arch()) is None for shape in kernel.presets["small"])
+    assert_config_matches_reference(kernel, config, seed=3)
+
+
+@pytest.mark.parametrize("name", ["compressor_fwd", "compressor_bwd"])
+def test_inputs_are_seeded_random_and_compile_accepts_default(name):
+    kernel = registry.get(name)
+    assert_seeded_random_inputs(kernel, kernel.presets["small"][0])
+
+
+@pytest.mark.parametrize("name", ["compressor_fwd", "compressor_bwd"])
+def test_defaults_fit_the_space_on_sm_90(name):
+    kernel, space = registry.get(name), load_space(name)
+    for shape in kernel.presets["v4-flash"] + kernel.presets["v4-pro"] + kernel.presets["small"]:
+        assert space.violation(kernel.default_config(shape), shape, "sm_90") is None, shape
+
+
+def test_launches_resolve_registered_shapes(monkeypatch):
+    looked_up = []
+
+    def spy(name, shape):
+        looked_up.append((name, registry.get(name).shape_key(shape)))
+        return tuning.resolve(name, shape)
+
+    monkeypatch.setattr(compressor, "resolve", spy)
+    for ratio in (4, 128):
+        kv, score, ape, grad = _inputs(1, 130, ratio, 8, torch.bfloat16, seed=0)
+        compressor_pool(kv.requires_grad_(), score, ape).backward(grad)
+    assert looked_up == [(f"compressor_{d}", f"batch=1,seq=130,ratio={r},dim=8") for r in (4, 128)
+                         for d in ("fwd", "bwd")]
+
+
+def test_bad_arguments_are_rejected():
+    kv, score, ape, _ = _inputs(1, 8, 4, 8, torch.bfloat16, seed=0)
+    with pytest.raises(ValueError):
+        compressor_pool(kv, score[:, :4], ape)  # shapes differ
+    with pytest.raises(ValueError):
+        compressor_pool(kv, score.float(), ape)  # dtypes differ
+    with pytest.raises(ValueError):
+        compressor_pool(kv.half(), score.half(), ape)  # fp16 is not supported
+    with pytest.raises(ValueError):
+        compressor_pool(kv, score, ape[:, :8])  # ape narrower than the projections
+    with pytest.raises(ValueError):
+        compressor_pool(kv[..., :15], score[..., :15], ape[:, :15])  # CSA needs an even width
+
+
+def test_bytes_moved_counts_each_tensor_once():
+    shape = {"batch": 1, "seq": 4099, "ratio": 4, "dim": 512}  # 1024 groups and a 3-token tail
+    pooled, tokens, out, ape = 1024 * 4 * 1024, 4099 * 1024, 1024 * 512, 4 * 1024
+    assert registry.get("compressor_fwd").bytes_moved(shape) == 2 * (2 * pooled + out) + 4 * ape
+    assert registry.get("compressor_bwd").bytes_moved(shape) == 2 * (2 * pooled + out + 2 * tokens) + 8 * ape

@@ -1,0 +1,183 @@
+"""Lightning indexer: causal scores against the eager math, top-k sets judged by the reference
+scores, exact parity (tie rule included) on integer inputs, tuned configs, the lookup."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import indexer, registry, tuning
+from kernels.arch import current_arch, kernel_device
+from kernels.indexer import (
+    index_scores_reference, indexer_topk, indexer_topk_reference, select_topk_reference,
+)
+from search_spaces import load_space
+from tests.kernel_checks import assert_config_matches_reference, assert_seeded_random_inputs
+
+DEVICE = kernel_device()
+
+
+def _gaussian(batch, seq, heads, dim, ratio, seed):
+    """q, k as in V4 (unit-normal bf16) and w ~ N(0, 1/(heads*dim)) as the model scales it."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, seq, heads, dim, generator=gen).to(DEVICE, torch.bfloat16)
+    k = torch.randn(batch, seq // ratio, dim, generator=gen).to(DEVICE, torch.bfloat16)
+    w = (torch.randn(batch, seq, heads, generator=gen) * (heads * dim) ** -0.5).to(DEVICE)
+    return q, k, w
+
+
+def _visible(seq, n_keys, ratio):
+    """``[S]`` number of entries each query sees."""
+    return torch.clamp((torch.arange(seq, device=DEVICE) + 1) // ratio, max=n_keys)
+
+
+@pytest.mark.parametrize(
+    ("batch", "seq", "heads", "dim", "topk", "ratio"),
+    [
+        (2, 70, 64, 128, 8, 4),   # V4 heads and dim, a 2-token tail
+        (1, 33, 64, 128, 20, 4),  # topk above every query's 8 entries: all picked, padded
+        (2, 45, 6, 20, 3, 4),     # heads not a multiple of BLOCK_H, dim not a power of two
+        (1, 40, 8, 32, 5, 3),     # another ratio
+    ],
+)
+def test_scores_and_top_k_sets_match_eager(batch, seq, heads, dim, topk, ratio):
+    q, k, w = _gaussian(batch, seq, heads, dim, ratio, seed=seq + heads)
+    n_keys = seq // ratio
+    ref_rows = index_scores_reference(q, k, w, ratio)
+    visible = _visible(seq, n_keys, ratio)
+
+    # Key tiles of 16 entries: several per query block at these sizes.
+    config = {**registry.get("indexer_fwd").default_config({"batch": batch, "seq": seq, "topk": topk}), "BLOCK_T": 16}
+    rows = indexer._score_rows(q, k, w, ratio, config)
+    mask = torch.arange(n_keys, device=DEVICE) < visible[:, None]
+    torch.testing.assert_close(rows[:, mask], ref_rows[:, mask], atol=1e-5, rtol=1e-5)
+
+    indices, scores = indexer_topk(q, k, w, topk, ratio)
+    assert indices.shape == scores.shape == (batch, seq, topk)
+    assert indices.dtype == torch.int32 and scores.dtype == torch.float32
+    want = torch.clamp(visible, max=topk).expand(batch, seq)
+    slots = torch.arange(topk, device=DEVICE)
+    picked = slots < want[..., None]
+    # Picks first, in ascending index order, each visible; then -1 / -inf padding.
+    assert (indices[~picked] == -1).all() and (scores[~picked] == -float("inf")).all()
+    assert (indices[picked] >= 0).all() and (indices < visible[:, None]).all()
+    assert (indices[..., 1:].long() - indices[..., :-1] > 0)[picked[..., 1:]].all()
+    assert (indices[:, : ratio - 1] == -1).all()  # the first queries see nothing
+    # Each returned score is the query's score of the returned entry.
+    gathered = ref_rows.gather(-1, indices.long().clamp(min=0))
+    torch.testing.assert_close(scores[picked], gathered[picked], atol=1e-5, rtol=1e-5)
+    # The set is a top-k of the reference scores, up to the scores' own error.
+    ref_indices, ref_scores = select_topk_reference(ref_rows, topk)
+    kth = ref_scores.masked_fill(ref_indices < 0, float("inf")).amin(-1, keepdim=True)
+    assert (gathered >= kth - 1e-5)[picked].all()
+    torch.testing.assert_close(gathered.masked_fill(~picked, 0).sum(-1), ref_scores.masked_fill(~picked, 0).sum(-1),
+                               atol=1e-4, rtol=1e-5)
+    # Random floats rarely tie: the sets agree outright.
+    assert torch.equal(indices, ref_indices)
+
+
+def test_integer_inputs_match_exactly_and_ties_go_to_the_lower_index():
+    kernel = registry.get("indexer_fwd")
+    shape = {"batch": 2, "seq": 70, "topk": 8}
+    inputs = kernel.make_inputs(shape, DEVICE, 1)
+    indices, scores = indexer_topk(inputs["q"], inputs["k"], inputs["w"], shape["topk"])
+    ref_indices, ref_scores = indexer_topk_reference(inputs["q"], inputs["k"], inputs["w"], shape["topk"])
+    assert torch.equal(indices, ref_indices) and torch.equal(scores, ref_scores)
+    # The inputs do exercise the tie rule: some query's k-th and (k+1)-th best scores are equal.
+    rows = index_scores_reference(inputs["q"], inputs["k"], inputs["w"])
+    best = rows.sort(-1, descending=True).values[..., shape["topk"] - 1: shape["topk"] + 1]
+    assert (best[..., 0] == best[..., 1]).any()
+
+
+def test_equal_scores_pick_the_lowest_indices():
+    """Zero keys give every entry the score +-0 (the sign from w): the first topk entries win."""
+    q, k, w = _gaussian(2, 64, 8, 32, 4, seed=5)
+    indices, scores = indexer_topk(q, torch.zeros_like(k), w, 6)
+    visible = _visible(64, 16, 4)
+    expected = torch.where(torch.arange(6, device=DEVICE) < visible[:, None], torch.arange(6, device=DEVICE), -1)
+    assert torch.equal(indices, expected.int().expand(2, 64, 6))
+    assert (scores[indices >= 0] == 0).all()
+
+
+@pytest.mark.parametrize("topk", [1, 5, 40])
+def test_selection_matches_a_stable_sort_on_tied_rows(topk):
+    """Score rows of five values, -0.0 and +0.0 among them: most picks are among equal scores,
+    which go to the lower index, -0.0 tying with +0.0."""
+    gen = torch.Generator().manual_seed(topk)
+    levels = torch.tensor([-1.5, -0.0, 0.0, 2.0, 3.25])
+    rows = levels[torch.randint(5, (3, 150, 37), generator=gen)].to(DEVICE)
+    config = registry.get("indexer_fwd").default_config({"batch": 3, "seq": 150, "topk": topk})
+    indices, scores = indexer._select(rows, topk, 4, config)
+    hidden = torch.arange(37, device=DEVICE) >= _visible(150, 37, 4)[:, None]
+    ref_indices, ref_scores = select_topk_reference(rows.masked_fill(hidden, -float("inf")), topk)
+    assert torch.equal(indices, ref_indices) and torch.equal(scores, ref_scores)
+
+
+def test_outputs_carry_no_gradient():
+    q, k, w = _gaussian(1, 16, 4, 16, 4, seed=0)
+    indices, scores = indexer_topk(q.requires_grad_(), k.requires_grad_(), w.requires_grad_(), 2)
+    assert not indices.requires_grad and not scores.requires_grad
+
+
+CONFIGS = [
+    # One head per dot (no head reshape), two key tiles at seq 70.
+    {"BLOCK_S": 16, "BLOCK_H": 1, "BLOCK_T": 16, "num_warps": 4, "num_stages": 1, "SELECT_ROWS": 4, "SELECT_WARPS": 2},
+    # 8 heads per dot; query blocks taller than seq 37 and 48.
+    {"BLOCK_S": 64, "BLOCK_H": 8, "BLOCK_T": 16, "num_warps": 8, "num_stages": 3, "SELECT_ROWS": 16,
+     "SELECT_WARPS": 8},
+    {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "num_warps": 4, "num_stages": 2, "SELECT_ROWS": 8, "SELECT_WARPS": 4},
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_tuned_configs_match_reference(config):
+    kernel, space = registry.get("indexer_fwd"), load_space("indexer_fwd")
+    # Shapes the space prunes the config for are skipped: at least one must remain.
+    assert any(space.violation(config, shape, current_arch()) is None for shape in kernel.presets["small"])
+    assert_config_matches_reference(kernel, config, seed=3)
+
+
+def test_inputs_are_seeded_random_and_compile_accepts_default():
+    kernel = registry.get("indexer_fwd")
+    assert_seeded_random_inputs(kernel, kernel.presets["small"][0])
+
+
+def test_defaults_fit_the_space_on_sm_90():
+    kernel, space = registry.get("indexer_fwd"), load_space("indexer_fwd")
+    for shape in kernel.presets["v4-flash"] + kernel.presets["v4-pro"] + kernel.presets["small"]:
+        assert space.violation(kernel.default_config(shape), shape, "sm_90") is None, shape
+
+
+def test_launch_resolves_the_registered_shape(monkeypatch):
+    looked_up = []
+
+    def spy(name, shape):
+        looked_up.append((name, registry.get(name).shape_key(shape)))
+        return tuning.resolve(name, shape)
+
+    monkeypatch.setattr(indexer, "resolve", spy)
+    indexer_topk(*_gaussian(1, 20, 4, 16, 4, seed=0), 3)
+    assert looked_up == [("indexer_fwd", "batch=1,seq=20,topk=3")]
+
+
+def test_bad_arguments_are_rejected():
+    q, k, w = _gaussian(1, 16, 4, 16, 4, seed=0)
+    with pytest.raises(ValueError):
+        indexer_topk(q, k[:, :3], w, 2)  # not S // ratio entries
+    with pytest.raises(ValueError):
+        indexer_topk(q, k, w[..., :3], 2)  # w for other heads
+    with pytest.raises(ValueError):
+        indexer_topk(q.float(), k, w, 2)  # fp32 queries
+    with pytest.raises(ValueError):
+        indexer_topk(q, k, w, 0)
+    with pytest.raises(ValueError):
+        indexer_topk(q[0], k, w, 2)
+
+
+def test_flops_count_the_causal_pairs_and_bytes_each_tensor_once():
+    kernel = registry.get("indexer_fwd")
+    shape = {"batch": 2, "seq": 10, "topk": 2}
+    pairs = 2 * sum(min((s + 1) // 4, 2) for s in range(10))  # 0,0,0,1,1,1,1,2,2,2 per batch element
+    assert pairs == 20
+    assert kernel.flops(shape) == 2 * 64 * 128 * pairs
+    assert kernel.bytes_moved(shape) == 2 * 2 * (10 * 64 * 128 + 10 * 64 + 2 * 128) + 2 * 10 * 2 * 8

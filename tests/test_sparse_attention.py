@@ -1,0 +1,216 @@
+"""Sparse single-latent attention with sink (window / CSA / HCA): parity with the eager reference."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from kernels import registry, sparse_attention, tuning
+from kernels.arch import kernel_device
+from kernels.sparse_attention import sparse_attention as attend
+from kernels.sparse_attention import sparse_attention_reference
+from search_spaces import load_space
+from tests.kernel_checks import assert_config_matches_reference, assert_seeded_random_inputs
+
+DEVICE = kernel_device()
+KERNELS = ("sparse_attn_fwd", "sparse_attn_bwd")
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, tol: float = 3e-2) -> None:
+    """Per element within ``tol`` of the larger of its row's and the tensor's RMS, plus ``tol``
+    relative (a row: one head's or one entry's 512 values).
+
+    P and dS are rounded to bf16 before their matmuls (truncated by the interpreter): errors
+    scale with a row's terms, which can be far larger than the row (dq cancels) or than the
+    tensor (a query with few entries); about 0.5% of that on average, a few percent at most.
+    """
+    actual, expected = actual.float(), expected.float()
+    scale = expected.square().mean().sqrt()
+    if expected.dim() > 1:
+        scale = torch.maximum(expected.square().mean(-1, keepdim=True).sqrt(), scale)
+    excess = (actual - expected).abs() - tol * (scale + expected.abs())
+    assert excess.max() <= 0, f"{int((excess > 0).sum())} of {excess.numel()} elements off by up to {excess.max():.3g}"
+
+
+def _problem(batch: int, seq: int, heads: int, ratio: int, topk: int, window: int, seed: int) -> dict:
+    shape = {"batch": batch, "seq": seq, "heads": heads, "ratio": ratio, "topk": topk, "window": window}
+    inputs = registry.get("sparse_attn_fwd").make_inputs(shape, DEVICE, seed)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
+    inputs["do"] = torch.randn(inputs["q"].shape, generator=gen, device=DEVICE).to(torch.bfloat16)
+    return inputs
+
+
+PROBLEMS = [
+    # window 5 < seq: early queries have fewer entries; 3 heads in a 16-row block
+    pytest.param(2, 37, 3, 0, 0, 5, id="window"),
+    # queries 0-2 have only -1 picks, queries under 27 fewer than topk; tiles mix window and picks
+    pytest.param(2, 70, 4, sparse_attention.CSA_RATIO, 6, 9, id="csa"),
+    # queries 127-130 see the one compressed row, the rest none; seq not a multiple of 128
+    pytest.param(2, 131, 2, sparse_attention.HCA_RATIO, 0, 4, id="hca"),
+]
+
+
+@pytest.mark.parametrize(("batch", "seq", "heads", "ratio", "topk", "window"), PROBLEMS)
+def test_forward_and_gradients_match_eager(batch, seq, heads, ratio, topk, window):
+    p = _problem(batch, seq, heads, ratio, topk, window, seed=seq)
+    names = ["q", "kv", "sink"] + (["kv_compressed"] if ratio else [])
+    leaves = {n: p[n].clone().requires_grad_() for n in names}
+    o = attend(leaves["q"], leaves["kv"], leaves["sink"], ratio, leaves.get("kv_compressed"), p.get("indices"),
+               window)
+    o.backward(p["do"])
+    refs = {n: p[n].float().requires_grad_() for n in names}
+    o_ref = sparse_attention_reference(refs["q"], refs["kv"], refs["sink"], ratio, refs.get("kv_compressed"),
+                                       p.get("indices"), window)
+    o_ref.backward(p["do"].float())
+
+    assert o.dtype == torch.bfloat16 and o.shape == o_ref.shape
+    _close(o, o_ref)
+    for n in names:
+        assert leaves[n].grad.dtype == p[n].dtype, n
+        # dS = P (dP - Delta) cancels where P sits on one entry, and Delta = rowsum(dO * O) uses
+        # the bf16 O (as FlashAttention does; truncated, so biased, by the interpreter): dq rows
+        # are off by up to ~6% there.
+        _close(leaves[n].grad, refs[n].grad, tol=6e-2 if n == "q" else 3e-2)
+        assert refs[n].grad.abs().sum() > 0, n  # every input gets a gradient to compare
+    if ratio == sparse_attention.CSA_RATIO:
+        assert (p["indices"][:, :3] == -1).all() and (p["indices"] == -1).any(dim=-1).all(dim=0).sum() > 3
+
+
+def test_window_cuts_entries_off():
+    """A window of 1 attends the query's own kv row only: o is that row times its softmax weight."""
+    p = _problem(2, 9, 3, 0, 0, 1, seed=0)
+    o = attend(p["q"], p["kv"], p["sink"], 0, window=1).float()
+    logit = (p["q"].float() * p["kv"].float()[:, :, None]).sum(-1) * sparse_attention.SOFTMAX_SCALE
+    weight = torch.sigmoid(logit - p["sink"])  # exp(l) / (exp(l) + exp(sink))
+    _close(o, weight[..., None] * p["kv"].float()[:, :, None])
+
+
+FWD_CONFIGS = [
+    {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_H": 32, "TILE_K": 32, "num_warps": 8, "num_stages": 2},  # the CSA preset only
+]
+BWD_CONFIGS = [
+    {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split", "R_CHUNK": 0},
+    {"BLOCK_H": 32, "TILE_K": 32, "num_warps": 8, "num_stages": 2, "DKV_MODE": "atomic", "R_CHUNK": 0},
+]
+
+
+@pytest.mark.parametrize(("name", "config"), [("sparse_attn_fwd", c) for c in FWD_CONFIGS]
+                         + [("sparse_attn_bwd", c) for c in BWD_CONFIGS], ids=["fwd-16", "fwd-32", "split-16",
+                                                                               "atomic-32"])
+def test_tuned_configs_match_reference(name, config):
+    assert_config_matches_reference(registry.get(name), config, seed=3)
+
+
+def test_split_mode_in_passes_matches():
+    """R_CHUNK smaller than (and not a multiple of) the tile: passes cut tiles; dq adds up over them."""
+    kernel = registry.get("sparse_attn_bwd")
+    shape = {"batch": 2, "seq": 30, "heads": 2, "ratio": sparse_attention.CSA_RATIO, "topk": 5, "window": 6}
+    inputs = kernel.make_inputs(shape, DEVICE, seed=4)  # 11 entry positions: passes at 0, 4, 8
+    config = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split", "R_CHUNK": 4}
+    for out, ref in zip(kernel.run(inputs, config), kernel.reference(inputs)):
+        _close(out, ref)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_inputs_are_seeded_random_and_compile_accepts_default(name):
+    kernel = registry.get(name)
+    for shape in kernel.presets["small"]:
+        assert_seeded_random_inputs(kernel, shape, integers_nonzero=False)
+
+
+def test_csa_picks_are_distinct_causal_and_padded_like_the_indexer():
+    shape = registry.get("sparse_attn_fwd").presets["small"][1]
+    indices = registry.get("sparse_attn_fwd").make_inputs(shape, DEVICE, 7)["indices"].cpu()
+    causal = (torch.arange(shape["seq"]) + 1) // sparse_attention.CSA_RATIO
+    for b, s in itertools.product(range(shape["batch"]), range(shape["seq"])):
+        picks = indices[b, s][indices[b, s] >= 0]
+        assert len(picks) == min(shape["topk"], int(causal[s])) == len(set(picks.tolist()))
+        assert (picks < causal[s]).all()
+    assert (indices[:, :, 0] == -1).any() and (indices[:, :, -1] == -1).any()  # padding is not only at the end
+
+
+@pytest.mark.parametrize("shape", registry.get("sparse_attn_fwd").presets["small"], ids=["window", "csa", "hca"])
+def test_flops_count_the_entries_attended(shape):
+    inputs = registry.get("sparse_attn_fwd").make_inputs(shape, DEVICE, 0)
+    n_comp = shape["seq"] // shape["ratio"] if shape["ratio"] else 0
+    entries = 0
+    for b, s in itertools.product(range(shape["batch"]), range(shape["seq"])):
+        entries += sum(1 for j in range(s + 1) if s - j < shape["window"])
+        if shape["ratio"] == sparse_attention.HCA_RATIO:
+            entries += sum(1 for t in range(n_comp) if (t + 1) * sparse_attention.HCA_RATIO - 1 <= s)
+        elif shape["ratio"] == sparse_attention.CSA_RATIO:
+            entries += int((inputs["indices"][b, s] >= 0).sum())
+    fwd, bwd = registry.get("sparse_attn_fwd"), registry.get("sparse_attn_bwd")
+    assert fwd.flops(shape) == 2 * entries * shape["heads"] * (512 + 512)
+    assert bwd.flops(shape) == 5 * fwd.flops(shape) // 2
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_defaults_are_valid_configs_of_the_space_on_sm_90(name):
+    kernel, space = registry.get(name), load_space(name)
+    for shape in itertools.chain.from_iterable(kernel.presets.values()):
+        config = {**kernel.default_config(shape), "maxnreg": None}
+        assert all(config[p] in choices for p, choices in space.dimensions("sm_90").items()), config
+        assert space.violation(config, shape, "sm_90") is None, (shape, config)
+
+
+def test_space_prunes_what_sm_90_cannot_hold():
+    shape = registry.get("sparse_attn_fwd").presets["v4-flash"][2]
+    fwd, bwd = load_space("sparse_attn_fwd"), load_space("sparse_attn_bwd")
+    assert fwd.violation({"BLOCK_H": 64, "TILE_K": 32, "num_warps": 8, "num_stages": 2}, shape, "sm_90") is None
+    assert "max_regs_per_thread" in fwd.violation({"BLOCK_H": 64, "TILE_K": 32, "num_warps": 4, "num_stages": 2},
+                                                  shape, "sm_90")
+    split = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split"}
+    assert bwd.violation({**split, "R_CHUNK": 256}, shape, "sm_90") is None
+    assert bwd.violation({**split, "DKV_MODE": "atomic", "R_CHUNK": 256}, shape, "sm_90")  # atomics: one pass
+    assert bwd.violation({**split, "R_CHUNK": 512}, shape, "sm_90") is None  # 640 positions
+    # 64-entry tiles beside 32 heads: 256 KiB of staged operands and 192 fp32 values a thread
+    assert bwd.violation({**split, "TILE_K": 64, "BLOCK_H": 32, "num_warps": 8, "R_CHUNK": 0}, shape, "sm_90")
+
+
+def test_launches_resolve_registered_shapes(monkeypatch):
+    asked = []
+    real_resolve = tuning.resolve
+
+    def spy(kernel, shape):
+        asked.append((kernel, registry.get(kernel).shape_key(shape)))
+        return real_resolve(kernel, shape)
+
+    monkeypatch.setattr(sparse_attention, "resolve", spy)
+    p = _problem(1, 5, 2, sparse_attention.CSA_RATIO, 3, 4, seed=1)
+    q = p["q"].clone().requires_grad_()
+    attend(q, p["kv"], p["sink"], 4, p["kv_compressed"], p["indices"], window=4).float().sum().backward()
+    key = "batch=1,seq=5,heads=2,ratio=4,topk=3,window=4"
+    assert asked == [("sparse_attn_fwd", key), ("sparse_attn_bwd", key)]
+
+
+def test_bytes_moved_count_each_tensor_once():
+    shape = {"batch": 1, "seq": 4096, "heads": 64, "ratio": 4, "topk": 512, "window": 128}
+    per_head, latent, comp = 2 * 4096 * 64 * 512, 2 * 4096 * 512, 2 * 1024 * 512
+    stats, indices = 4 * 4096 * 64, 4 * 4096 * 512
+    assert registry.get("sparse_attn_fwd").bytes_moved(shape) == 2 * per_head + latent + comp + indices + 4 * 64 + stats
+    assert registry.get("sparse_attn_bwd").bytes_moved(shape) == (
+        4 * per_head + 2 * latent + 2 * comp + indices + 2 * 4 * 64 + stats)
+
+
+def test_bad_arguments_are_rejected():
+    p = _problem(1, 8, 2, sparse_attention.CSA_RATIO, 2, 4, seed=0)
+    q, kv, sink, kvc, idx = p["q"], p["kv"], p["sink"], p["kv_compressed"], p["indices"]
+    bad_calls = [
+        lambda: attend(q[..., :256], kv, sink, 0),  # latent not 512
+        lambda: attend(q, kv.float(), sink, 0),
+        lambda: attend(q, kv, sink.bfloat16(), 0),
+        lambda: attend(q, kv, sink[:1], 0),
+        lambda: attend(q, kv, sink, 8, kvc),  # no such layer type
+        lambda: attend(q, kv, sink, 4, kvc),  # CSA without indices
+        lambda: attend(q, kv, sink, 4, kvc, idx.long()),
+        lambda: attend(q, kv, sink, 128, kvc),  # kv_compressed of the wrong length for HCA
+        lambda: attend(q, kv, sink, 0, kvc),
+        lambda: attend(q, kv, sink, 4, kvc, idx, window=0),
+    ]
+    for call in bad_calls:
+        with pytest.raises(ValueError):
+            call()
