@@ -1,0 +1,80 @@
+"""The kernel switch: the table of ops a model calls, from eager PyTorch or from the project's Triton kernels.
+
+``get_ops("eager")`` takes the eager reference of every kernel (each kernel module has one, and
+the kernels' tests hold the two to agreement); ``get_ops("triton")`` takes the Triton kernels
+where the project has them: RMSNorm, Sinkhorn, the mHC glue / collapse / expand, RoPE on the
+512-wide heads, the router tail and the grouped expert MLP. The attention-side ops
+(``sparse_attention``, ``compress_pool``, ``indexer_topk``, and RoPE on the indexer's 128-wide heads)
+are eager in both until their kernels land: then swap them in here, nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from torch import Tensor
+
+from kernels.grouped_gemm import expert_mlp, expert_mlp_reference
+from kernels.mhc import (
+    mhc_collapse, mhc_collapse_reference, mhc_expand, mhc_expand_reference, mhc_glue, mhc_glue_reference,
+)
+from kernels.rmsnorm import rms_norm, rms_norm_reference
+from kernels.rope import HEAD_DIM, ROPE_DIM, rope
+from kernels.router import route, route_reference
+from kernels.sinkhorn import sinkhorn, sinkhorn_reference
+from v4 import attention_ops
+
+Kernels = Literal["eager", "triton"]
+KERNEL_CHOICES: tuple[str, ...] = ("eager", "triton")
+
+
+@dataclass(frozen=True)
+class Ops:
+    """One callable per op; see the kernel modules (and ``v4.attention_ops``) for their contracts."""
+
+    rms_norm: Callable[..., Tensor]
+    sinkhorn: Callable[..., Tensor]
+    mhc_glue: Callable[..., tuple[Tensor, Tensor, Tensor]]
+    mhc_collapse: Callable[..., Tensor]
+    mhc_expand: Callable[..., Tensor]
+    rope: Callable[..., Tensor]  # rope(x [..., H, d], pos, theta, inverse, rope_dim)
+    route: Callable[..., tuple[Tensor, Tensor]]
+    expert_mlp: Callable[..., Tensor]  # expert_mlp(x_sorted, offsets, weights, w13, w2, grad_buffers)
+    sparse_attention: Callable[..., Tensor]
+    compress_pool: Callable[..., Tensor]
+    indexer_topk: Callable[..., tuple[Tensor, Tensor]]
+    indexer_rope: Callable[..., Tensor]
+
+
+def _triton_rope(x: Tensor, pos: Tensor, theta: float, inverse: bool = False, rope_dim: int = ROPE_DIM) -> Tensor:
+    """``kernels.rope`` rotates the last 64 dims of 512-wide heads; other widths are the eager op's."""
+    if rope_dim != ROPE_DIM or x.shape[-1] != HEAD_DIM:
+        raise ValueError(f"the RoPE kernel takes heads of {HEAD_DIM} dims with {ROPE_DIM} rotated, "
+                         f"got {x.shape[-1]} with {rope_dim}; use kernels='eager' for other widths")
+    return rope(x, pos, theta, inverse)
+
+
+def _eager_expert_mlp(x_sorted: Tensor, offsets: Tensor, weights: Tensor, w13: Tensor, w2: Tensor,
+                      grad_buffers: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """The reference has no in-place gradient buffers: its weight gradients reach ``.grad`` as usual."""
+    return expert_mlp_reference(x_sorted, offsets, weights, w13, w2)
+
+
+_ATTENTION = dict(sparse_attention=attention_ops.sparse_attention, compress_pool=attention_ops.compress_pool,
+                  indexer_topk=attention_ops.indexer_topk, indexer_rope=attention_ops.rope_tail)
+
+_TABLES = {
+    "eager": Ops(rms_norm=rms_norm_reference, sinkhorn=sinkhorn_reference, mhc_glue=mhc_glue_reference,
+                 mhc_collapse=mhc_collapse_reference, mhc_expand=mhc_expand_reference, rope=attention_ops.rope_tail,
+                 route=route_reference, expert_mlp=_eager_expert_mlp, **_ATTENTION),
+    "triton": Ops(rms_norm=rms_norm, sinkhorn=sinkhorn, mhc_glue=mhc_glue, mhc_collapse=mhc_collapse,
+                  mhc_expand=mhc_expand, rope=_triton_rope, route=route, expert_mlp=expert_mlp, **_ATTENTION),
+}
+
+
+def get_ops(kernels: str) -> Ops:
+    """The op table for ``"eager"`` or ``"triton"``."""
+    if kernels not in _TABLES:
+        raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
+    return _TABLES[kernels]
