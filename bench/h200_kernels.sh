@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The V4 block kernels' H200 run (mHC glue/collapse/expand, RoPE, router, expert GEMMs), in two
-# device calls that share one sweep database (copied in as .sweepdb/h200.db, so the export keeps
-# the entries of earlier runs):
-#   parity: every launch's parity tests on the GPU;
-#   sweep: the sweeps of bench/block_kernel_specs.py through the service on all GPUs (bounded by
-#          SWEEP_SECONDS; GROUP=gemm|memory for one group), then the sm_90 export;
+# The kernels' H200 runs (block kernels: mHC, RoPE, router, expert GEMMs; attention: sparse
+# attention, compressor, indexer), in device calls that share one sweep database (copied in as
+# .sweepdb/h200.db, so the export keeps the entries of earlier runs):
+#   parity: the parity tests of TESTS (default: the block kernels') on the GPU;
+#   sweep: the sweeps of bench/sweep_specs.py through the service on all GPUs (bounded by
+#          SWEEP_SECONDS; GROUP=gemm|memory|attention for one group), then the sm_90 export;
 #   bench: tuned vs default vs eager (and the expert GEMMs' peers) at every preset shape, with
 #          the table given as TABLE (default: the committed one), bounded by BENCH_SECONDS
-#          (KERNELS=a,b,... for some launches only).
-#   usage (device tool): source .gpubundle/install.sh && bash bench/h200_block_kernels.sh parity|sweep|bench ...
+#          (KERNELS=a,b,... or a group name gemm|memory|attention for some launches only).
+#   usage (device tool): source .gpubundle/install.sh && bash bench/h200_kernels.sh parity|sweep|bench ...
+#   the attention run: TESTS="tests/test_sparse_attention.py tests/test_compressor.py tests/test_indexer.py"
+#     GROUP=attention KERNELS=attention TABLE=$OUT/sm_90.json bash bench/h200_kernels.sh parity sweep bench
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 db=.sweepdb/h200.db
@@ -17,16 +19,17 @@ step() { echo "== $(date -u +%T) $*" | tee -a "$out/log.txt"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee -a "$out/log.txt"
 
 gemms=expert_up_fwd,expert_down_fwd,expert_down_bwd_dx,expert_up_bwd_dx,expert_down_bwd_dw,expert_up_bwd_dw
+attention=sparse_attn_fwd,sparse_attn_bwd,compressor_fwd,compressor_bwd,indexer_fwd
 memory_bound=mhc_glue_fwd,mhc_glue_bwd,mhc_collapse_fwd,mhc_collapse_bwd,mhc_expand_fwd,mhc_expand_bwd,rope_fwd,rope_bwd,router_fwd,router_bwd,router_hash_fwd
 for phase in "$@"; do case "$phase" in
 parity)
   step "parity tests of the block kernels on the GPU"
-  python -m pytest -q -p no:cacheprovider tests/test_mhc.py tests/test_rope.py tests/test_router.py \
-    tests/test_grouped_gemm.py 2>&1 | tail -8 | tee -a "$out/log.txt"
+  python -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_mhc.py tests/test_rope.py tests/test_router.py \
+    tests/test_grouped_gemm.py} 2>&1 | tail -8 | tee -a "$out/log.txt"
   ;;
 sweep)
   step "queue the sweeps"
-  python bench/block_kernel_specs.py /tmp/specs ${GROUP:-} | tee -a "$out/log.txt"
+  python bench/sweep_specs.py /tmp/specs ${GROUP:-} | tee -a "$out/log.txt"
   python -m tuner.cli --db "sqlite:///$db" sweep queue /tmp/specs/*.yaml 2>&1 | tr "\n" " " | tee -a "$out/log.txt"; echo
   step "run them on every GPU (at most ${SWEEP_SECONDS:=400} s; finished trials are kept either way)"
   timeout -s INT "$SWEEP_SECONDS" python -m tuner.cli --db "sqlite:///$db" serve --drain 2>&1 \
@@ -37,9 +40,13 @@ sweep)
   cp "$db" "$out/h200.db"
   ;;
 bench)
-  step "tuned vs default vs eager vs peers"
-  timeout -s INT "${BENCH_SECONDS:-500}" python bench/kernels_h200.py "${TABLE:-kernels/tables/sm_90.json}" "$out/block_kernels.json" \
-    "${KERNELS:-$gemms,$memory_bound}" \
+  case "${KERNELS:-}" in
+    "") kernels=$gemms,$memory_bound ;; gemm) kernels=$gemms ;; memory) kernels=$memory_bound ;;
+    attention) kernels=$attention ;; *) kernels=$KERNELS ;;
+  esac
+  step "tuned vs default vs eager (vs peers)"
+  timeout -s INT "${BENCH_SECONDS:-500}" python bench/kernels_h200.py "${TABLE:-kernels/tables/sm_90.json}" "$out/kernels.json" \
+    "$kernels" \
     v4-flash,v4-pro 2>&1 | grep -v '^{' | tail -150 | tee -a "$out/log.txt"
   ;;
 *) echo "usage: $0 parity|sweep|bench ..." >&2; exit 2 ;;
