@@ -19,6 +19,7 @@ from search_spaces import SpaceError, UnknownArchError
 from tuner import display, queue
 from tuner.export import NothingToExport, export_table
 from tuner.quickstart import quickstart_specs
+from tuner.replay_cli import replay
 from tuner.serve import owner_name, run_sweep, serve as serve_loop
 from tuner.spec import SpecError, SweepSpec, load_spec
 from workers.pool import PoolError, WorkerPool
@@ -28,6 +29,7 @@ sweep_app = typer.Typer(help="Queue, run, list, inspect and cancel sweeps.", no_
 tables_app = typer.Typer(help="Inspect exported tuned tables.", no_args_is_help=True)
 app.add_typer(sweep_app, name="sweep")
 app.add_typer(tables_app, name="tables")
+app.command()(replay)
 
 USER_ERRORS = (SpecError, SpaceError, UnknownArchError, DatabaseError, queue.SweepNotFound,
                NothingToExport, PoolError, FileNotFoundError)

@@ -32,7 +32,7 @@ from kernels import registry
 from tuner import queue
 from tuner.identity import config_identity
 from tuner.spec import SweepSpec
-from tuner.strategies import ConfigSource, GridSource, OptunaSource, Proposal, make_sampler
+from tuner.strategies import ConfigSource, GridSource, OptunaSource, Proposal, default_in_space, make_sampler
 from workers.compile_task import compile_config
 from workers.pool import WorkerPool
 
@@ -148,25 +148,13 @@ class SweepRunner:
             self._write_pruned(key, newly_pruned)
             pruned += len(newly_pruned)
             source: ConfigSource = GridSource(study, self.dimensions, remaining, self.spec.strategy.seed,
-                                              first=self._default_in_space(shape))
+                                              first=default_in_space(self.kernel, self.space, shape, self.arch))
         else:
             source = OptunaSource(study, self.dimensions, max_asks=20 * self.budget + self.space.size(self.arch))
-            default = self._default_in_space(shape)
+            default = default_in_space(self.kernel, self.space, shape, self.arch)
             if default is not None and not study.get_trials(deepcopy=False):
                 study.enqueue_trial(default)
         return ShapeState(shape, key, source, evaluated=evaluated, pruned=pruned, best_ms=min(ok) if ok else None)
-
-    def _default_in_space(self, shape: dict[str, int]) -> dict[str, Any] | None:
-        """The kernel's heuristic default for ``shape`` when the space can express it and allows it.
-
-        Sweeps measure it first, so that a tuned entry is never one the sweep only believes to
-        beat the default: with a capped budget the search may not come near it on its own.
-        """
-        default = self.kernel.default_config(shape)
-        config = {name: default.get(name) for name in self.dimensions}
-        if any(config[name] not in choices for name, choices in self.dimensions.items()):
-            return None
-        return None if self.space.violation(config, shape, self.arch) else config
 
     # -- search loop -------------------------------------------------------------------
     def _may_propose(self, state: ShapeState, inflight: int) -> bool:

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
+
+if TYPE_CHECKING:
+    from kernels.registry import TunableKernel
+    from search_spaces import SearchSpace
 
 Config = dict[str, Any]
 
@@ -108,3 +112,17 @@ def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=10)
     raise ValueError(f"unknown sampling strategy {name!r}; use random or tpe")
+
+
+def default_in_space(kernel: TunableKernel, space: SearchSpace, shape: dict[str, int], arch: str) -> Config | None:
+    """The kernel's heuristic default for ``shape`` when the space can express it and allows it.
+
+    Sweeps measure it first, so that a tuned entry is never one the sweep only believes to
+    beat the default: with a capped budget the search may not come near it on its own.
+    """
+    dimensions = space.dimensions(arch)
+    default = kernel.default_config(shape)
+    config = {name: default.get(name) for name in dimensions}
+    if any(config[name] not in choices for name, choices in dimensions.items()):
+        return None
+    return None if space.violation(config, shape, arch) else config
