@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from tuner.planner.schedule import DeadlockError, Op, simulate, simulate_ops
+from tuner.planner.schedule import DeadlockError, Op, megatron_schedule, simulate, simulate_ops
 
 
 def megatron_order(pp: int, vpp: int, m: int) -> list[list[tuple[str, int, int]]]:
@@ -131,6 +131,46 @@ def test_interleaved_in_flight_peak(pp: int, vpp: int, m: int) -> None:
         assert r.peak_in_flight_rank[rank] == min(warm + 1, m * vpp)
         assert sum(r.peak_in_flight[rank]) >= r.peak_in_flight_rank[rank]
         assert all(1 <= p <= m for p in r.peak_in_flight[rank])
+
+
+def test_1f1b_heterogeneous_by_hand() -> None:
+    # rank 0: F0 0-1, F1 1-2, B0 6-8 (waits for B0 on rank 1), B1 11-13
+    # rank 1: F0 1-3, B0 3-6, F1 6-8, B1 8-11
+    r = simulate(2, 1, 2, [1.0, 2.0], [2.0, 3.0])
+    bars = {(o.kind, o.microbatch, o.stage): (o.start, o.end) for o in r.ops}
+    assert bars == {("F", 0, 0): (0, 1), ("F", 1, 0): (1, 2), ("B", 0, 0): (6, 8), ("B", 1, 0): (11, 13),
+                    ("F", 0, 1): (1, 3), ("B", 0, 1): (3, 6), ("F", 1, 1): (6, 8), ("B", 1, 1): (8, 11)}
+    assert r.makespan == 13
+
+
+def test_interleaved_heterogeneous_by_hand() -> None:
+    # pp=2, vpp=2, m=2, p2p 0.5; stage s on rank s % 2. Rank 0 warms up with all four forwards:
+    # F(0,0) 0-1, F(1,0) 1-2, F(0,2) 4-7 (after F(0,1) + 0.5), F(1,2) 7-10, B(0,2) 13-15, B(1,2) 18-20,
+    # B(0,0) 21-23, B(1,0) 24-26. Rank 1 warms up with two:
+    # F(0,1) 1.5-3.5, F(1,1) 3.5-5.5, F(0,3) 7.5-8.5, B(0,3) 8.5-12.5, F(1,3) 12.5-13.5, B(1,3) 13.5-17.5,
+    # B(0,1) 17.5-20.5, B(1,1) 20.5-23.5.
+    r = simulate(2, 2, 2, [1.0, 2.0, 3.0, 1.0], [2.0, 3.0, 2.0, 4.0], p2p=0.5, schedule="interleaved")
+    bars = {(o.kind, o.microbatch, o.stage): (o.start, o.end) for o in r.ops}
+    assert bars == {
+        ("F", 0, 0): (0, 1), ("F", 1, 0): (1, 2), ("F", 0, 2): (4, 7), ("F", 1, 2): (7, 10),
+        ("B", 0, 2): (13, 15), ("B", 1, 2): (18, 20), ("B", 0, 0): (21, 23), ("B", 1, 0): (24, 26),
+        ("F", 0, 1): (1.5, 3.5), ("F", 1, 1): (3.5, 5.5), ("F", 0, 3): (7.5, 8.5), ("B", 0, 3): (8.5, 12.5),
+        ("F", 1, 3): (12.5, 13.5), ("B", 1, 3): (13.5, 17.5), ("B", 0, 1): (17.5, 20.5), ("B", 1, 1): (20.5, 23.5)}
+    assert r.makespan == 26 and r.busy == (16, 20)
+    assert r.bubble_fraction == pytest.approx(1 - 36 / 52)
+
+
+def test_compiled_schedule_is_shared_and_agrees() -> None:
+    """The planner's fast path times Megatron's orders exactly as the simulator does, built once per shape."""
+    rng = random.Random(3)
+    for pp, vpp, m in [(3, 1, 5), (2, 3, 4), (4, 2, 8)]:
+        compiled = megatron_schedule(pp, vpp, m)
+        assert megatron_schedule(pp, vpp, m) is compiled
+        f = [rng.uniform(0.1, 3) for _ in range(pp * vpp)]
+        b = [rng.uniform(0.1, 5) for _ in range(pp * vpp)]
+        r = simulate(pp, vpp, m, f, b, 0.3, "1f1b" if vpp == 1 else "interleaved")
+        ends = [max(o.end for o in r.ops if o.rank == rank) for rank in range(pp)]
+        assert compiled.rank_ends(f, b, 0.3) == pytest.approx(ends)
 
 
 def test_p2p_adds_delay_across_ranks() -> None:

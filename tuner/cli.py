@@ -7,7 +7,7 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Optional
 
 import typer
 from sqlalchemy import Engine, func, select
@@ -17,11 +17,16 @@ from kernels import registry
 from kernels.tuning import PACKAGED_TABLES, table_path
 from search_spaces import SpaceError, UnknownArchError
 from tuner import display, queue
+from tuner.cli_errors import reporting
 from tuner.export import NothingToExport, export_table
+from tuner.plan_cli import plan_app
+from tuner import plan_validate_cli  # noqa: F401 - adds ``tuner plan validate`` to plan_app
 from tuner.quickstart import quickstart_specs
 from tuner.replay_cli import replay
 from tuner.serve import owner_name, run_sweep, serve as serve_loop
 from tuner.spec import SpecError, SweepSpec, load_spec
+from tuner.train_cli import register as register_training
+from tuner.train_serve import training_turn
 from workers.pool import PoolError, WorkerPool
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -29,24 +34,15 @@ sweep_app = typer.Typer(help="Queue, run, list, inspect and cancel sweeps.", no_
 tables_app = typer.Typer(help="Inspect exported tuned tables.", no_args_is_help=True)
 app.add_typer(sweep_app, name="sweep")
 app.add_typer(tables_app, name="tables")
+app.add_typer(plan_app, name="plan")
+register_training(app)  # tuner train ..., tuner profile layers
 app.command()(replay)
 
 USER_ERRORS = (SpecError, SpaceError, UnknownArchError, DatabaseError, queue.SweepNotFound,
                NothingToExport, PoolError, FileNotFoundError)
 
 
-def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Report expected failures as one clear message and exit code 2, without a traceback."""
-
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except USER_ERRORS as exc:
-            display.err_console.print(f"[red]error:[/red] {exc}", highlight=False)
-            raise typer.Exit(2) from None
-
-    return wrapper
+user_errors = reporting(USER_ERRORS)
 
 
 class State:
@@ -147,7 +143,7 @@ def serve(ray_address: RayAddress = None, drain: bool = typer.Option(False, help
           lease_seconds: float = typer.Option(queue.DEFAULT_LEASE_S, help="take over sweeps silent this long"),
           poll_seconds: float = typer.Option(5.0, help="queue poll interval when idle"),
           cpu_workers: CpuWorkers = 1) -> None:
-    """Claim queued sweeps and run them on the Ray cluster."""
+    """Claim queued sweeps, and queued training runs when no sweep waits, and run them on the Ray cluster."""
     engine = state.engine
     pool = WorkerPool.start(ray_address, cpu_workers=cpu_workers)
     display.console.print(f"serving with {len(pool.workers)} {pool.arch} worker(s); database {engine.url!r}")
@@ -156,10 +152,12 @@ def serve(ray_address: RayAddress = None, drain: bool = typer.Option(False, help
             ran = serve_loop(
                 engine, state.db_url, pool, drain, lease_seconds, poll_seconds,
                 on_sweep=lambda i: display.progress_callback(progress, i, queue.get_sweep(engine, i).kernel),
-                on_done=lambda i, s: progress.console.print(f"sweep {i}: {s.value}"))
+                on_done=lambda i, s: progress.console.print(f"sweep {i}: {s.value}"),
+                other_job=training_turn(engine, pool, ray_address, cpu_workers, lease_seconds,
+                                        lambda i, s: progress.console.print(f"training run {i}: {s}")))
     finally:
         pool.shutdown()
-    display.console.print(f"queue drained after {ran} sweep(s)")
+    display.console.print(f"queue drained after {ran} job(s)")
 
 
 @app.command()

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from db import DatabaseError, default_url, open_database
 from tuner import display
+from tuner.cli_errors import fail
 from tuner.replay import (DEFAULT_FRACTIONS, DEFAULT_SEEDS, DEFAULT_STRATEGIES, HIT_TOLERANCE, ReplayError, ReplayRow,
                           replay_sweep)
 
@@ -58,8 +59,7 @@ def replay(ctx: typer.Context,
                                 [s.strip() for s in strategies.split(",") if s.strip()],
                                 on_run=lambda done, total: progress.update(task, completed=done, total=total))
     except (ReplayError, DatabaseError) as exc:
-        display.err_console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(str(exc))
     display.console.print(rows_table(sweep, rows))
     if json_out is not None:
         json_out.write_text(json.dumps({"sweep_id": sweep, "rows": [r.as_json() for r in rows]}, indent=1) + "\n")

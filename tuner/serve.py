@@ -40,13 +40,21 @@ def run_sweep(engine: Engine, url: str, sweep_id: int, owner: str, pool: WorkerP
 
 
 def serve(engine: Engine, url: str, pool: WorkerPool, drain: bool, lease_s: float, poll_s: float,
-          on_sweep: Callable[[int], ProgressFn], on_done: Callable[[int, SweepStatus], None]) -> int:
-    """Claim and run sweeps until the queue is empty (``drain``) or forever; how many ran."""
+          on_sweep: Callable[[int], ProgressFn], on_done: Callable[[int, SweepStatus], None],
+          other_job: Callable[[], bool] = lambda: False) -> int:
+    """Claim and run sweeps until the queue is empty (``drain``) or forever; how many jobs ran.
+
+    Sweeps come first: ``other_job`` (a queued training run) is tried only when no sweep is
+    claimable, and returns True when it ran one.
+    """
     owner = owner_name()
     ran = 0
     while True:
         sweep_id = queue.claim_next(engine, owner, lease_s)
         if sweep_id is None:
+            if other_job():
+                ran += 1
+                continue
             if drain:
                 return ran
             time.sleep(poll_s)

@@ -1,30 +1,41 @@
-"""Per-layer costs and the per-stage memory model the layout/recompute planner searches over.
+"""What one layer, one pipeline rank and the machine cost: the inputs of the iteration model.
 
-The planner needs, for any contiguous run of layers on any pipeline stage, its forward and
-backward time and its peak memory with a chosen set of layers recomputed. Times add up per
-layer; memory follows Megatron mixed-precision training with 1F1B (vpp = 1):
+* :class:`LayerCost` - one layer's measured times, activation bytes and parameters.
+* :class:`StageExtras` - the embedding (first stage) and head + loss (last stage).
+* :class:`ProfiledCosts` - the layer list of a model as read from the profile table, with the
+  communication figures the profiler measured next to it.
+* :class:`Calibration` - every constant the model states rather than measures (bandwidths,
+  overlaps, fragmentation, reserves), in one object stored with each plan and refittable
+  against real runs.
+* :class:`MemoryModel` - peak bytes of one pipeline rank under Megatron mixed precision:
 
-* static bytes = params x (2 bf16 weight + 4 fp32 main grad)
-  + params x 12 (fp32 master weight + two Adam moments), divided by ``dp`` when the
-  distributed optimizer shards it;
-* activation bytes = in_flight(stage) x sum over the stage's layers of ``activation_bytes``
-  (``recompute_kept_bytes`` for a recomputed layer), plus the embedding / head+MTP+loss
-  activations on the first / last stage; in_flight(stage i of p) = min(p - i, microbatches);
-* plus a fixed p2p buffer and a fixed overhead (allocator, workspaces) per stage.
+  - static bytes: params x (2 bf16 weight + 4 fp32 main grad) + params x 12 (fp32 master
+    weight and two Adam moments) / shards, where the distributed optimizer shards dense
+    parameters over the ``dp`` data-parallel ranks and expert parameters over the
+    ``dp / ep`` expert-data-parallel ranks (``v4/optim.py`` holds the same 18 bytes);
+  - activations: ``max over the schedule's in-flight vectors L of sum_v L[v] * bytes[v]``,
+    ``bytes[v]`` being what virtual stage ``v`` keeps per microbatch (``recompute_kept_bytes``
+    for a recomputed layer, plus the embedding / head activations on the first / last stage),
+    scaled by ``1 + fragmentation``; under 1F1B the one vector is ``(min(pp - rank, m),)``;
+  - a fixed p2p buffer and a fixed reserve (CUDA context, NCCL, workspaces).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
 class LayerCost:
-    """One layer's measured cost; the planner treats the last layer of a model as its MTP layer.
+    """One layer's cost per microbatch on one GPU; the planner treats the last layer of a model as its MTP layer.
 
-    ``backward_ms`` excludes recompute: recomputing the layer adds ``forward_ms`` to the stage's
-    backward and keeps only ``recompute_kept_bytes`` per in-flight microbatch instead of
-    ``activation_bytes``.
+    ``backward_ms`` excludes recompute. Recomputing the layer adds ``recompute_ms`` (default:
+    ``forward_ms``) to the stage's backward and keeps only ``recompute_kept_bytes`` per
+    in-flight microbatch instead of ``activation_bytes``. ``param_count`` is what one GPU holds
+    (experts already divided by EP), of which ``expert_param_count`` are expert weights.
     """
 
     kind: str
@@ -33,20 +44,34 @@ class LayerCost:
     activation_bytes: int
     recompute_kept_bytes: int
     param_count: int
+    expert_param_count: int = 0
+    recompute_ms: float | None = None
 
     def __post_init__(self) -> None:
-        if min(self.forward_ms, self.backward_ms) < 0 or min(self.activation_bytes, self.recompute_kept_bytes,
-                                                              self.param_count) < 0:
+        if min(self.forward_ms, self.backward_ms, self.recompute_cost_ms) < 0 or min(
+                self.activation_bytes, self.recompute_kept_bytes, self.param_count, self.expert_param_count) < 0:
             raise ValueError(f"layer costs must be >= 0, got {self}")
         if self.recompute_kept_bytes > self.activation_bytes:
             raise ValueError(f"recompute must not keep more than the layer's activations, got {self}")
+        if self.expert_param_count > self.param_count:
+            raise ValueError(f"expert params are part of the layer's params, got {self}")
+
+    @property
+    def recompute_cost_ms(self) -> float:
+        """Time recomputing this layer adds to its stage's backward."""
+        return self.forward_ms if self.recompute_ms is None else self.recompute_ms
+
+    @property
+    def dense_param_count(self) -> int:
+        return self.param_count - self.expert_param_count
 
 
 @dataclass(frozen=True)
 class StageExtras:
-    """Costs that are not decoder layers: embedding on the first stage, head+MTP head+loss on the last.
+    """Costs that are not decoder layers: embedding on the first stage, head + MTP head + loss on the last.
 
     They are never recomputed, so their activations always count in full per in-flight microbatch.
+    Their parameters are dense (replicated over the data-parallel group).
     """
 
     embedding_forward_ms: float = 0.0
@@ -58,38 +83,171 @@ class StageExtras:
     head_activation_bytes: int = 0
     head_params: int = 0
 
+    def scaled(self, factor: float) -> StageExtras:
+        """The same extras with every time multiplied by ``factor``."""
+        return dataclasses.replace(
+            self, embedding_forward_ms=self.embedding_forward_ms * factor,
+            embedding_backward_ms=self.embedding_backward_ms * factor,
+            head_forward_ms=self.head_forward_ms * factor, head_backward_ms=self.head_backward_ms * factor)
+
+
+@dataclass(frozen=True)
+class ProfiledCosts:
+    """A model's per-layer costs as profiled at one (GPU kind, seq, mbs, ep), before any parallelism is applied.
+
+    ``alltoall_ms[i]`` is the part of layer ``i``'s forward spent in the EP all-to-all (dispatch
+    + combine), measured with the EP group inside one node; ``None`` when not measured.
+    ``p2p_bytes`` is what one stage sends the next per microbatch (V4: the 4 mHC streams).
+    ``optimizer_ms_per_param`` prices the optimizer step per parameter the GPU updates (None:
+    not profiled, the step is left out and the output says so).
+    """
+
+    layers: tuple[LayerCost, ...]
+    extras: StageExtras
+    alltoall_ms: tuple[float | None, ...]
+    p2p_bytes: int
+    optimizer_ms_per_param: float | None
+
+    def __post_init__(self) -> None:
+        if len(self.alltoall_ms) != len(self.layers):
+            raise ValueError("alltoall_ms needs one entry per layer")
+
+    def scaled(self, factor: float) -> ProfiledCosts:
+        """Every time multiplied by ``factor`` (planning one GPU kind from another kind's profiles)."""
+        if not factor > 0:
+            raise ValueError(f"time scale must be > 0, got {factor}")
+        layers = tuple(dataclasses.replace(
+            l, forward_ms=l.forward_ms * factor, backward_ms=l.backward_ms * factor,
+            recompute_ms=None if l.recompute_ms is None else l.recompute_ms * factor) for l in self.layers)
+        return ProfiledCosts(
+            layers, self.extras.scaled(factor), tuple(None if a is None else a * factor for a in self.alltoall_ms),
+            self.p2p_bytes, None if self.optimizer_ms_per_param is None else self.optimizer_ms_per_param * factor)
+
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """The constants the iteration model states instead of measuring; refit them against real runs.
+
+    Defaults describe an H200 node (NVLink 4, 900 GB/s bidirectional per GPU) with one
+    400 Gb/s NIC per GPU, and Megatron's overlapped distributed optimizer.
+    """
+
+    intra_node_gbps: float = 360.0
+    """Achieved GB/s of one GPU's transfers inside a node (NVLink 450 GB/s per direction, ~80%)."""
+    inter_node_gbps: float = 45.0
+    """Achieved GB/s of one GPU's transfers across nodes (400 Gb/s NIC = 50 GB/s, ~90%)."""
+    p2p_busy_fraction: float = 0.25
+    """Share of a pipeline transfer that blocks the sending and the receiving rank (the rest overlaps compute)."""
+    dp_overlap: float = 0.5
+    """Share of the data-parallel gradient reduce-scatter + parameter all-gather hidden under compute."""
+    grad_bytes_per_param: float = 4.0
+    """Bytes per parameter the gradient reduce-scatter moves (fp32 main grads)."""
+    param_bytes_per_param: float = 2.0
+    """Bytes per parameter the parameter all-gather moves (bf16 weights)."""
+    fragmentation: float = 0.05
+    """Extra share of activation bytes lost to allocator fragmentation."""
+    reserved_bytes: float = 5 * GiB
+    """Bytes per GPU outside the model: CUDA context, NCCL buffers, library workspaces."""
+    p2p_buffers: float = 2.0
+    """Pipeline send/receive buffers of ``p2p_bytes`` each that a rank holds."""
+    time_scale: float = 1.0
+    """Multiplies every profiled time (a run-vs-profile factor, as Primus's projection calibrates 0.87-0.93)."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value or value < 0:
+                raise ValueError(f"calibration.{f.name} must be a number >= 0, got {value!r}")
+        for name in ("p2p_busy_fraction", "dp_overlap"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"calibration.{name} is a fraction in [0, 1], got {getattr(self, name)}")
+        if min(self.intra_node_gbps, self.inter_node_gbps, self.time_scale) <= 0:
+            raise ValueError("calibration bandwidths and time_scale must be > 0")
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Calibration:
+        """Rebuild a stored calibration; unknown keys are an error, missing keys take the defaults."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown calibration fields {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Peak bytes of one pipeline rank by part (what the report stacks against capacity)."""
+
+    weights_and_grads: float
+    optimizer: float
+    activations: float
+    buffers: float
+
+    @property
+    def total(self) -> float:
+        return self.weights_and_grads + self.optimizer + self.activations + self.buffers
+
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryModel:
-    """Peak bytes of one pipeline stage under Megatron mixed precision and 1F1B (see module doc).
+    """Peak bytes of one pipeline rank under Megatron mixed precision (see the module doc).
 
-    ``bytes_per_param_static`` is everything kept per parameter (2 + 4 + 12 by default), of which
-    ``optimizer_bytes_per_param`` (fp32 master + Adam moments) is sharded over ``dp`` when
-    ``distributed_optimizer`` is on.
+    ``dense_shards`` / ``expert_shards`` are the ranks the distributed optimizer shards dense /
+    expert parameters over (``dp`` and ``dp / ep``); ``activation_factor`` is ``1 +
+    fragmentation``.
     """
 
-    p2p_buffer_bytes: int
-    overhead_bytes: int
-    bytes_per_param_static: float = 2 + 4 + 12
+    p2p_buffer_bytes: float
+    overhead_bytes: float
+    weight_grad_bytes_per_param: float = 2 + 4
     optimizer_bytes_per_param: float = 12
-    dp: int = 1
-    distributed_optimizer: bool = True
+    dense_shards: int = 1
+    expert_shards: int = 1
+    activation_factor: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.dp < 1 or not 0 <= self.optimizer_bytes_per_param <= self.bytes_per_param_static:
-            raise ValueError(f"need dp >= 1 and 0 <= optimizer bytes <= static bytes per param, got {self}")
+        if self.dense_shards < 1 or self.expert_shards < 1 or min(
+                self.weight_grad_bytes_per_param, self.optimizer_bytes_per_param, self.p2p_buffer_bytes,
+                self.overhead_bytes) < 0 or self.activation_factor < 1:
+            raise ValueError(f"need shards >= 1, byte counts >= 0 and activation_factor >= 1, got {self}")
 
-    def static_bytes(self, params: int) -> float:
-        """Weights, grads and optimizer state: what the stage holds regardless of microbatches."""
-        sharded = self.optimizer_bytes_per_param if self.distributed_optimizer else 0.0
-        return params * (self.bytes_per_param_static - sharded) + params * sharded / self.dp
+    def sharded_params(self, params: float, expert_params: float) -> float:
+        """Parameters whose optimizer state (and optimizer step) this rank owns."""
+        return (params - expert_params) / self.dense_shards + expert_params / self.expert_shards
+
+    def static_bytes(self, params: float, expert_params: float = 0) -> float:
+        """Weights, grads and optimizer state: what the rank holds regardless of microbatches."""
+        return params * self.weight_grad_bytes_per_param + self.sharded_params(
+            params, expert_params) * self.optimizer_bytes_per_param
+
+    @property
+    def fixed_bytes(self) -> float:
+        return self.p2p_buffer_bytes + self.overhead_bytes
 
     @staticmethod
-    def in_flight(stage: int, pp: int, microbatches: int) -> int:
-        """Microbatches whose activations stage ``stage`` holds at its 1F1B peak."""
-        return min(pp - stage, microbatches)
+    def in_flight(rank: int, pp: int, microbatches: int, vpp: int = 1) -> int:
+        """Megatron's count of (virtual-stage, microbatch) activations rank ``rank`` holds at its peak.
 
-    def stage_bytes(self, params: int, in_flight: int, activation_bytes_per_microbatch: float) -> float:
-        """Peak bytes of a stage holding ``params`` and ``in_flight`` microbatches of activations."""
-        return (self.static_bytes(params) + in_flight * activation_bytes_per_microbatch
-                + self.p2p_buffer_bytes + self.overhead_bytes)
+        1F1B: ``min(pp - rank, m)``. Interleaved: its warm-up forwards plus the first steady one,
+        ``min(2 (pp - rank - 1) + (vpp - 1) pp + 1, m vpp)``; each counts one virtual stage's bytes.
+        """
+        if vpp == 1:
+            return min(pp - rank, microbatches)
+        return min(2 * (pp - rank - 1) + (vpp - 1) * pp + 1, microbatches * vpp)
+
+    def activation_bytes(self, peaks: Sequence[Sequence[int]], per_stage: Sequence[float]) -> float:
+        """Peak activation bytes of a rank: the worst in-flight vector against each virtual stage's bytes."""
+        return self.activation_factor * max(sum(n * b for n, b in zip(vec, per_stage)) for vec in peaks)
+
+    def breakdown(self, params: float, expert_params: float, peaks: Sequence[Sequence[int]],
+                  per_stage: Sequence[float]) -> MemoryBreakdown:
+        """The rank's peak bytes by part."""
+        return MemoryBreakdown(params * self.weight_grad_bytes_per_param,
+                               self.sharded_params(params, expert_params) * self.optimizer_bytes_per_param,
+                               self.activation_bytes(peaks, per_stage), self.fixed_bytes)

@@ -14,7 +14,9 @@ indexes into the original text. Every :class:`LayoutError` carries a ``rule`` na
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 SYMBOLS = frozenset("EtmL")
 COSMETIC = frozenset(", \t\r\n")
@@ -249,7 +251,9 @@ def format_layout(layout: PipelineLayout) -> str:
     return "|".join(_format_stage(stage.symbols) for stage in layout.stages)
 
 
-def _ranges(ids: tuple[int, ...]) -> str:
+def format_ranges(ids: Iterable[int]) -> str:
+    """``0-3,7,43``: sorted ids with runs collapsed (``-`` for none)."""
+    ids = sorted(ids)
     parts = []
     i = 0
     while i < len(ids):
@@ -267,7 +271,7 @@ def describe(layout: PipelineLayout) -> str:
     for s, stage in enumerate(layout.stages):
         decoder = tuple(i for i in stage.layer_ids if i < layout.num_layers)
         mtp = tuple(i for i in stage.layer_ids if i >= layout.num_layers)
-        layers = _ranges(decoder) + (f" mtp:{_ranges(mtp)}" if mtp else "")
+        layers = format_ranges(decoder) + (f" mtp:{format_ranges(mtp)}" if mtp else "")
         rows.append((str(s), str(layout.rank_of(s)), str(layout.virtual_index(s)),
                      _format_stage(stage.symbols), layers))
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
@@ -292,3 +296,26 @@ def even_layout(num_layers: int, pp: int, vpp: int = 1, mtp_layers: int = 1) -> 
     stages[0].insert(0, "E")
     stages[-1].extend(["m"] * mtp_layers + ["L"])
     return parse_layout("|".join(_format_stage(tuple(stage)) for stage in stages), num_layers, pp, mtp_layers)
+
+
+def megatron_recompute(layout: PipelineLayout, recompute_layer_ids: Iterable[int]) -> dict[str, Any] | None:
+    """Megatron's flags for the same recompute, ``{}`` for none, or None when they cannot say it.
+
+    Megatron recomputes whole decoder layers with ``--recompute-granularity full`` and either
+    ``--recompute-method uniform --recompute-num-layers 1`` (every layer) or ``--recompute-method
+    block --recompute-num-layers N`` (the first N decoder layers of every virtual stage). Any other
+    set, or one holding an MTP layer, needs Primus's ``recompute_layer_ids``.
+    """
+    ids = set(recompute_layer_ids)
+    if not ids:
+        return {}
+    if any(i >= layout.num_layers for i in ids):
+        return None
+    full = {"recompute_granularity": "full"}
+    if ids == set(range(layout.num_layers)):
+        return full | {"recompute_method": "uniform", "recompute_num_layers": 1}
+    decoder = [[i for i in stage.layer_ids if i < layout.num_layers] for stage in layout.stages]
+    for n in range(1, max(map(len, decoder)) + 1):
+        if ids == {i for stage in decoder for i in stage[:n]}:
+            return full | {"recompute_method": "block", "recompute_num_layers": n}
+    return None

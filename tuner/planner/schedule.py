@@ -8,6 +8,7 @@ rank and for its data dependencies, and the makespan is exact for that graph.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -128,17 +129,93 @@ def build_ops(pp: int, vpp: int, microbatches: int, schedule: Schedule = "1f1b")
     return lists
 
 
-def _deps(op: Op, pp: int, stages: int, p2p: float) -> list[tuple[Op, float]]:
-    """Ops that must finish before ``op`` and the transfer delay after each."""
-    def delay(a: int, b: int) -> float:
-        return 0.0 if a % pp == b % pp else p2p
+def _deps(op: Op, pp: int, stages: int) -> list[tuple[Op, bool]]:
+    """Ops that must finish before ``op``, each with whether its result crosses to another rank."""
+    def cross(a: int, b: int) -> bool:
+        return a % pp != b % pp
 
     if op.kind == "F":
-        return [] if op.stage == 0 else [(Op("F", op.microbatch, op.stage - 1), delay(op.stage - 1, op.stage))]
-    deps = [(Op("F", op.microbatch, op.stage), 0.0)]
+        return [] if op.stage == 0 else [(Op("F", op.microbatch, op.stage - 1), cross(op.stage - 1, op.stage))]
+    deps = [(Op("F", op.microbatch, op.stage), False)]
     if op.stage < stages - 1:
-        deps.append((Op("B", op.microbatch, op.stage + 1), delay(op.stage + 1, op.stage)))
+        deps.append((Op("B", op.microbatch, op.stage + 1), cross(op.stage + 1, op.stage)))
     return deps
+
+
+class CompiledSchedule:
+    """Per-rank op lists turned into one topological order, so a step can be timed in one pass.
+
+    The order is what the event-by-event simulation visits: every op after its rank's previous
+    op and after its data dependencies. Timing is then a longest path: each op starts at the
+    latest of its rank's previous end and its dependencies' ends (plus ``p2p`` across ranks).
+    The planner times thousands of candidate stage costs on one schedule, so the order is built
+    once and :meth:`run` is a flat loop. Raises DeadlockError when the lists can never complete.
+    """
+
+    def __init__(self, op_lists: Sequence[Sequence[Op]], vpp: int):
+        pp = len(op_lists)
+        stages = pp * vpp
+        index: dict[Op, int] = {}
+        order: list[tuple[Op, int, int, tuple[tuple[int, bool], ...]]] = []
+        head = [0] * pp
+        waiters: dict[Op, list[int]] = defaultdict(list)  # op -> ranks blocked on it
+        worklist = list(range(pp))
+        while worklist:
+            rank = worklist.pop()
+            ops = op_lists[rank]
+            while head[rank] < len(ops):
+                op = ops[head[rank]]
+                deps = _deps(op, pp, stages)
+                missing = next((d for d, _ in deps if d not in index), None)
+                if missing is not None:
+                    waiters[missing].append(rank)
+                    break
+                prev = index[ops[head[rank] - 1]] if head[rank] else -1
+                index[op] = len(order)
+                order.append((op, rank, prev, tuple((index[d], cross) for d, cross in deps)))
+                head[rank] += 1
+                worklist.extend(waiters.pop(op, ()))
+        total = sum(len(ops) for ops in op_lists)
+        if len(order) != total:
+            blocked = [f"rank {r}: {op_lists[r][head[r]]}" for r in range(pp) if head[r] < len(op_lists[r])]
+            raise DeadlockError("pipeline schedule deadlocks; next ops that can never start: " + "; ".join(blocked))
+        self.pp, self.vpp = pp, vpp
+        self.ops = tuple(o[0] for o in order)
+        self.rank = tuple(o[1] for o in order)
+        self._prev = tuple(o[2] for o in order)
+        self._deps = tuple(o[3] for o in order)
+        # durations are looked up in forward + backward concatenated: F of stage s at s, B at stages + s
+        self._slot = tuple(op.stage + (0 if op.kind == "F" else stages) for op in self.ops)
+        self.last = tuple(index[ops[-1]] if ops else -1 for ops in op_lists)
+
+    def run(self, forward: Sequence[float], backward: Sequence[float], p2p: float = 0.0) -> list[float]:
+        """End time of every op, in :attr:`ops` order (inputs are trusted: the planner's hot path)."""
+        durations = list(forward) + list(backward)
+        end = [0.0] * len(self.ops)
+        for i, (prev, deps, slot) in enumerate(zip(self._prev, self._deps, self._slot)):
+            t = end[prev] if prev >= 0 else 0.0
+            for j, cross in deps:
+                x = end[j] + p2p if cross else end[j]
+                if x > t:
+                    t = x
+            end[i] = t + durations[slot]
+        return end
+
+    def rank_ends(self, forward: Sequence[float], backward: Sequence[float], p2p: float = 0.0) -> list[float]:
+        """When each rank finishes its last op."""
+        end = self.run(forward, backward, p2p)
+        return [end[i] if i >= 0 else 0.0 for i in self.last]
+
+
+@functools.lru_cache(maxsize=64)
+def megatron_schedule(pp: int, vpp: int, microbatches: int) -> CompiledSchedule:
+    """Megatron's 1F1B (vpp = 1) or interleaved 1F1B (vpp > 1) order, compiled once per shape."""
+    return CompiledSchedule(build_ops(pp, vpp, microbatches, schedule_name(vpp)), vpp)
+
+
+def schedule_name(vpp: int) -> Schedule:
+    """The Megatron schedule that runs ``vpp`` virtual stages per rank."""
+    return "1f1b" if vpp == 1 else "interleaved"
 
 
 def simulate_ops(op_lists: Sequence[Sequence[Op]], vpp: int, microbatches: int,
@@ -169,34 +246,20 @@ def simulate_ops(op_lists: Sequence[Sequence[Op]], vpp: int, microbatches: int,
             seen.add(op)
     if len(seen) != 2 * stages * microbatches:
         raise ValueError(f"op_lists must hold every F and B op once: {len(seen)} of {2 * stages * microbatches}")
+    return _result(CompiledSchedule(op_lists, vpp), op_lists, microbatches, fwd, bwd, p2p, schedule)
 
-    end: dict[Op, float] = {}
-    head = [0] * pp
-    free = [0.0] * pp
-    records: list[tuple[float, int, int, OpRecord]] = []
-    waiters: dict[Op, list[int]] = defaultdict(list)  # op -> ranks blocked on it
-    worklist = list(range(pp))
-    while worklist:
-        rank = worklist.pop()
-        ops = op_lists[rank]
-        while head[rank] < len(ops):
-            op = ops[head[rank]]
-            deps = _deps(op, pp, stages, p2p)
-            missing = next((d for d, _ in deps if d not in end), None)
-            if missing is not None:
-                waiters[missing].append(rank)
-                break
-            start = max([free[rank]] + [end[d] + lag for d, lag in deps])
-            finish = start + (fwd[op.stage] if op.kind == "F" else bwd[op.stage])
-            end[op] = free[rank] = finish
-            records.append((start, rank, head[rank], OpRecord(rank, op.stage, op.microbatch, op.kind, start, finish)))
-            head[rank] += 1
-            worklist.extend(waiters.pop(op, ()))
-    if len(end) != len(seen):
-        blocked = [f"rank {r}: {op_lists[r][head[r]]}" for r in range(pp) if head[r] < len(op_lists[r])]
-        raise DeadlockError("pipeline schedule deadlocks; next ops that can never start: " + "; ".join(blocked))
 
-    makespan = max(end.values())
+def _result(compiled: CompiledSchedule, op_lists: Sequence[Sequence[Op]], microbatches: int,
+            fwd: tuple[float, ...], bwd: tuple[float, ...], p2p: float, schedule: str) -> ScheduleResult:
+    """Time the compiled schedule and collect the Gantt records, bubbles and in-flight peaks."""
+    pp, vpp = compiled.pp, compiled.vpp
+    ends = compiled.run(fwd, bwd, p2p)
+    position = {op: i for ops in op_lists for i, op in enumerate(ops)}
+    records = []
+    for op, rank, finish in zip(compiled.ops, compiled.rank, ends):
+        start = finish - (fwd[op.stage] if op.kind == "F" else bwd[op.stage])
+        records.append((start, rank, position[op], OpRecord(rank, op.stage, op.microbatch, op.kind, start, finish)))
+    makespan = max(ends)
     busy = tuple(sum(fwd[op.stage] if op.kind == "F" else bwd[op.stage] for op in ops) for ops in op_lists)
     bubble = 1.0 - sum(busy) / (pp * makespan) if makespan > 0 else 0.0
     peaks, rank_peaks = _in_flight(op_lists, vpp)
@@ -232,7 +295,31 @@ def simulate(pp: int, vpp: int, microbatches: int, forward: Sequence[float], bac
     """
     _check_int("pp", pp, 1)
     _check_int("vpp", vpp, 1)
-    _check_times("forward", forward, pp * vpp)
-    _check_times("backward", backward, pp * vpp)
-    return simulate_ops(build_ops(pp, vpp, microbatches, schedule), vpp, microbatches,
-                        forward, backward, p2p, schedule)
+    fwd = _check_times("forward", forward, pp * vpp)
+    bwd = _check_times("backward", backward, pp * vpp)
+    if not math.isfinite(p2p) or p2p < 0:
+        raise ValueError(f"p2p must be a finite time >= 0, got {p2p!r}")
+    op_lists = build_ops(pp, vpp, microbatches, schedule)  # validates the schedule against vpp
+    return _result(megatron_schedule(pp, vpp, microbatches), op_lists, microbatches, fwd, bwd, p2p, schedule)
+
+
+@functools.lru_cache(maxsize=64)
+def in_flight_peaks(pp: int, vpp: int, microbatches: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Per rank, the maximal vectors of microbatches held per virtual stage over Megatron's op order.
+
+    A rank's activation bytes at any moment are ``sum_v live[v] * bytes[v]``; with unequal
+    virtual stages the worst moment depends on the bytes, so the memory model takes the max
+    over these vectors (the others are dominated: no smaller in every entry). Under 1F1B there
+    is one vector, ``(min(pp - rank, microbatches),)``; interleaved, the entries of each sum to
+    at most Megatron's in-flight count (see ``MemoryModel.in_flight``).
+    """
+    out = []
+    for ops in build_ops(pp, vpp, microbatches, schedule_name(vpp)):
+        live = [0] * vpp
+        seen = set()
+        for op in ops:
+            live[op.stage // pp] += 1 if op.kind == "F" else -1
+            seen.add(tuple(live))
+        out.append(tuple(sorted(a for a in seen
+                                if not any(b != a and all(x >= y for x, y in zip(b, a)) for b in seen))))
+    return tuple(out)

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Training runs and layer profiles on H200s (not run by the author; the lead runs it on the GPU host).
+#   1 GPU:  the proxy-8l preset whole, under several recompute plans;
+#   2 GPUs: the proxy-8l preset at PP=2 for several layouts and recompute plans;
+#   then `tuner profile layers` for V4-Flash full width at seq 4096, mbs 1, EP 8 (one layer at a time).
+# Everything lands in a SQLite file under $OUT, plus per-command logs and JSON dumps of the rows.
+# Usage: OUT=/some/dir bash bench/h200_train.sh   (needs 2 GPUs for the PP=2 part; skipped with fewer)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:?set OUT to a writable folder}
+mkdir -p "$OUT/logs"
+export TUNER_DB_URL="sqlite:///$OUT/train.db" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PY:-python}  # the GPU host has no venv: `source .gpubundle/install.sh` first
+GPUS=$($PY -c 'import torch; print(torch.cuda.device_count())')
+COMMON=(--model proxy-8l --seq 4096 --mbs 1 --iters 10 --warmup-iters 3 --device cuda)
+
+run() {  # name, then tuner arguments; a failed run (OOM, error) is stored and the script goes on
+  local name=$1; shift
+  echo "== $name: tuner $*" | tee -a "$OUT/logs/summary.log"
+  $PY -m tuner.cli "$@" >"$OUT/logs/$name.log" 2>&1
+  echo "   exit $?" | tee -a "$OUT/logs/summary.log"
+}
+
+for kernels in eager triton; do
+  for recompute in none 'selective:attn_core,mhc' 0-8; do
+    tag=1gpu-$kernels-${recompute//[^a-z0-9-]/_}
+    run "$tag" train run "${COMMON[@]}" --gbs 8 --world 1 --recompute "$recompute" --kernels "$kernels"
+  done
+done
+
+if [ "$GPUS" -ge 2 ]; then
+  for layout in 'Et*4|t*4mL' 'Et*5|t*3mL' 'Et*3|t*5mL'; do
+    for recompute in none 0-3 'selective:attn_core,mhc'; do
+      tag=pp2-${layout//[^a-zA-Z0-9]/_}-${recompute//[^a-z0-9-]/_}
+      run "$tag" train run "${COMMON[@]}" --gbs 8 --world 2 --layout "$layout" --recompute "$recompute" --kernels triton
+    done
+  done
+  run pp2-interleaved train run "${COMMON[@]}" --gbs 8 --world 2 --pp 2 --layout 'Et*2|t*2|t*2|t*2mL' --kernels triton
+fi
+
+for kernels in eager triton; do
+  run "profile-v4-flash-$kernels" profile layers --model v4-flash --seq 4096 --mbs 1 --ep 8 --device cuda --kernels "$kernels"
+done
+run profile-proxy-8l profile layers --model proxy-8l --seq 4096 --mbs 1 --ep 1 --device cuda --kernels triton
+
+$PY -m tuner.cli train list >"$OUT/logs/train-list.log" 2>&1
+$PY - "$OUT" <<'PY'
+import json, sys
+from sqlalchemy import select
+from db import open_database, session_scope
+from db.planning import LayerProfile
+from db.training import TrainRun
+
+out = sys.argv[1]
+engine = open_database()
+def dump(row):
+    return {c.name: getattr(row, c.name) for c in row.__table__.columns}
+with session_scope(engine) as session:
+    runs = [dump(r) for r in session.scalars(select(TrainRun).order_by(TrainRun.id))]
+    profiles = [dump(p) for p in session.scalars(select(LayerProfile).order_by(LayerProfile.id))]
+for name, rows in (("train_runs", runs), ("layer_profiles", profiles)):
+    with open(f"{out}/{name}.json", "w") as f:
+        json.dump(rows, f, indent=1, default=str)
+print(f"{len(runs)} training runs, {len(profiles)} profile rows written to {out}")
+PY

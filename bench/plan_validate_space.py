@@ -1,0 +1,112 @@
+"""The exhaustive plan space of the plan-validation benches, and its predicted-vs-measured summary.
+
+``space MODEL PP``: one ``layout<TAB>recompute`` line per plan: the even split and every split
+one layer away from it (one decoder layer moved between neighbouring stages), each with no
+recompute, full recompute of every layer, and full recompute of the first stage's decoder layers.
+
+``summary``: for every stored training run of MODEL at PP (``TUNER_DB_URL``), its step and memory
+per rank predicted under the newest validation's calibrations (before and after the refit) next
+to what it measured; the planner's pick (newest validation) ranked among all measured runs.
+Prints a table and writes JSON to the given path.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from sqlalchemy import select
+
+from db import open_database, session_scope
+from db.planning import StoredPlan
+from db.training import TrainRun
+from db.validation import PlanValidation
+from tuner.planner.costs import Calibration
+from tuner.planner.iteration import Plan, predict
+from tuner.planner.layout import even_layout, format_layout, parse_layout
+from tuner.planner.request import PlanRequest, plan_request
+from tuner.planner.validate import PICK, baseline_model, measured
+from v4.config import load_preset
+from v4.recompute import RecomputePlan
+
+
+def space(model: str, pp: int) -> list[tuple[str, str]]:
+    """The (layout, recompute) pairs described in the module doc."""
+    layers = load_preset(model).layers
+    even = [len([i for i in s.layer_ids if i < layers]) for s in even_layout(layers, pp).stages]
+    counts = [even]
+    for s in range(pp - 1):
+        for delta in (1, -1):
+            moved = list(even)
+            moved[s] += delta
+            moved[s + 1] -= delta
+            if min(moved) >= 1:
+                counts.append(moved)
+    out = []
+    for split in counts:
+        stages = [("E" if s == 0 else "") + f"t*{n}" + ("mL" if s == pp - 1 else "") for s, n in enumerate(split)]
+        layout = format_layout(parse_layout("|".join(stages), layers, pp))
+        for recompute in ("none", f"0-{layers}", f"0-{split[0] - 1}"):
+            out.append((layout, recompute))
+    return out
+
+
+def summary(path: str) -> None:
+    engine = open_database()
+    with session_scope(engine) as session:
+        validation = session.scalars(select(PlanValidation).order_by(PlanValidation.id.desc()).limit(1)).one()
+        request = PlanRequest.parse(**session.get(StoredPlan, validation.plan_id).request)
+        before = Calibration.from_dict(validation.calibration_before)
+        after = Calibration.from_dict(validation.calibration_after)
+        pick = next(c for c in validation.candidates if PICK in c["roles"])
+        runs = session.scalars(select(TrainRun).filter_by(preset=request.model, pp=request.pp)
+                               .order_by(TrainRun.id)).all()
+    outcome = plan_request(engine, request, before)
+    model = baseline_model(outcome.plans[0])
+    config = load_preset(request.model)
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        if run.layout is None or run.vpp != 1 or (run.dp or 1) * request.pp != request.gpus_per_node:
+            continue
+        layout = parse_layout(run.layout, config.layers, request.pp)
+        ids = tuple(sorted(RecomputePlan.parse(run.recompute).full_layers))
+        plan = Plan(layout, ids, model, model.evaluate(layout, ids))
+        m = measured(run)
+        refit_ms, refit_bytes = predict(plan, after)
+        rows.append({"run_id": run.id, "layout": run.layout, "recompute": run.recompute, "status": m.status,
+                     "candidate": run.plan_candidate, "predicted_ms": plan.step_ms, "refit_ms": refit_ms,
+                     "measured_ms": m.step_ms, "predicted_bytes": list(plan.rank_bytes),
+                     "refit_bytes": list(refit_bytes), "measured_bytes": list(m.stage_bytes or ())})
+    ok = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["measured_ms"])
+    pick_ms = pick["measured_step_ms"]
+    result = {"validation_id": validation.id, "plan_id": validation.plan_id, "runs": rows,
+              "pick": {"layout": pick["layout"], "recompute_layer_ids": pick["recompute_layer_ids"],
+                       "measured_ms": pick_ms},
+              "measured_best": ok[0] if ok else None,
+              "pick_rank": (1 + sum(r["measured_ms"] < pick_ms for r in ok)) if ok and pick_ms else None,
+              "pick_vs_best": pick_ms / ok[0]["measured_ms"] - 1 if ok and pick_ms else None}
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"{'layout':<28} {'recompute':<10} {'status':<6} {'pred ms':>9} {'refit ms':>9} {'meas ms':>9}  "
+          "GiB per rank: predicted/measured")
+    for r in rows:
+        meas = f"{r['measured_ms']:9.1f}" if r["measured_ms"] else f"{'-':>9}"
+        got = r["measured_bytes"] or [float("nan")] * len(r["predicted_bytes"])
+        mem = " ".join(f"{p / 2**30:.3f}/{m / 2**30:.3f}" for p, m in zip(r["predicted_bytes"], got))
+        print(f"{r['layout']:<28} {r['recompute']:<10} {r['status']:<6} {r['predicted_ms']:9.1f} "
+              f"{r['refit_ms']:9.1f} {meas}  {mem}")
+    if result["pick_rank"]:
+        print(f"planner's pick {pick['layout']} recompute {pick['recompute_layer_ids']}: rank {result['pick_rank']} "
+              f"of {len(ok)} measured, {result['pick_vs_best']:+.1%} vs the measured best {ok[0]['layout']} "
+              f"recompute {ok[0]['recompute']}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "space":
+        for layout, recompute in space(sys.argv[2], int(sys.argv[3])):
+            print(f"{layout}\t{recompute}")
+    elif len(sys.argv) == 3 and sys.argv[1] == "summary":
+        summary(sys.argv[2])
+    else:
+        sys.exit("usage: plan_validate_space.py space MODEL PP | summary OUT.json")

@@ -1,0 +1,81 @@
+"""Layer profiles in the database (SQLite, and PostgreSQL with ``--postgres-url``): the migration, newest
+row wins, the model's layer ids mapped to kinds, what the loader derives, and clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from sqlalchemy import inspect
+
+from db import open_database
+from db.engine import VERSION_TABLE
+from tuner.planner.profiles import (
+    ProfileError, ProfilesMissing, expert_params, load_costs, model_layer_kinds, store_profiles)
+from tuner.profile_layers import LayerCost
+from v4.config import load_preset
+
+MiB = 1 << 20
+KEY = dict(gpu_kind="NVIDIA H200", gpu_memory_bytes=150_000_000_000, model="v4-flash", seq=4096, mbs=1, ep=8)
+FLASH_KINDS = ("window/hash", "csa/hash", "hca/learned", "csa/learned", "mtp", "embedding", "head")
+
+
+def measured(kind: str, forward: float = 5.0, expert: int | None = None, p2p: int = 128 * MiB,
+             optimizer: float | None = 1e-8) -> LayerCost:
+    return LayerCost(layer_kind=kind, forward_ms=forward, backward_ms=2 * forward, recompute_backward_ms=2.9 * forward,
+                     activation_bytes=3000 * MiB, recompute_kept_bytes=128 * MiB, params=900_000_000,
+                     expert_params=expert, optimizer_ms_per_param=optimizer, p2p_bytes=p2p, alltoall_ms=0.7)
+
+
+def test_schema_has_the_planner_tables(db_url: str) -> None:
+    tables = set(inspect(open_database(db_url)).get_table_names())
+    assert {"tuner_layer_profiles", "tuner_plans", VERSION_TABLE} <= tables
+
+
+def test_newest_profile_wins_and_maps_every_layer(db_url: str) -> None:
+    engine = open_database(db_url)
+    first = store_profiles(engine, [measured(k) for k in FLASH_KINDS], kernel_tables="triton:sm_90:aaaaaaaaaaaa", **KEY)
+    again = store_profiles(engine, [measured("csa/learned", forward=7.0)], kernel_tables="triton:sm_90:aaaaaaaaaaaa",
+                           **KEY)
+    assert again == [first[FLASH_KINDS.index("csa/learned")]]  # same key: the row is replaced, not added
+    newer = store_profiles(engine, [measured("hca/learned", forward=9.0, p2p=200 * MiB)],
+                           kernel_tables="triton:sm_90:bbbbbbbbbbbb", **KEY)
+    loaded = load_costs(engine, "NVIDIA H200", "v4-flash", 4096, 1, 8)
+    config = load_preset("v4-flash")
+    kinds = model_layer_kinds(config)
+    assert len(loaded.costs.layers) == 44 and kinds[:4] == ["window/hash", "window/hash", "csa/hash", "hca/learned"]
+    assert kinds[4] == "csa/learned" and kinds[42] == "csa/learned" and kinds[43] == "mtp"
+    assert kinds.count("hca/learned") == 20 and kinds.count("csa/learned") == 20
+    by_kind = {l.kind: l for l in loaded.costs.layers}
+    assert by_kind["csa/learned"].forward_ms == 7.0 and by_kind["hca/learned"].forward_ms == 9.0
+    assert by_kind["window/hash"].recompute_cost_ms == pytest.approx(0.9 * 5.0)  # backward with recompute - backward
+    assert by_kind["mtp"].expert_param_count == expert_params(config, 8) == 32 * 3 * 4096 * 2048  # from the preset
+    assert loaded.costs.p2p_bytes == 200 * MiB and loaded.costs.optimizer_ms_per_param == pytest.approx(1e-8)
+    assert loaded.costs.extras.head_params == 900_000_000 and loaded.gpu_memory_bytes == 150_000_000_000
+    rows = {r.layer_kind: r for r in loaded.rows}
+    assert rows["hca/learned"].id == newer[0] and rows["hca/learned"].kernel_tables == "triton:sm_90:bbbbbbbbbbbb"
+    assert loaded.kernel_tables == "triton:sm_90:aaaaaaaaaaaa+triton:sm_90:bbbbbbbbbbbb"
+
+
+def test_recorded_expert_params_are_kept(db_url: str) -> None:
+    engine = open_database(db_url)
+    store_profiles(engine, [measured(k, expert=0 if k in ("embedding", "head") else 800_000_000) for k in FLASH_KINDS],
+                   kernel_tables="eager", **KEY)
+    layers = load_costs(engine, "NVIDIA H200", "v4-flash", 4096, 1, 8).costs.layers
+    assert {l.expert_param_count for l in layers} == {800_000_000}
+
+
+def test_missing_kinds_and_bad_measurements(db_url: str) -> None:
+    engine = open_database(db_url)
+    store_profiles(engine, [measured(k) for k in FLASH_KINDS if k != "mtp"], kernel_tables="eager", **KEY)
+    with pytest.raises(ProfilesMissing, match=r"no mtp profile of v4-flash on 'NVIDIA H200'.*NVIDIA H200"):
+        load_costs(engine, "NVIDIA H200", "v4-flash", 4096, 1, 8)
+    with pytest.raises(ProfilesMissing, match="no GPU kind has any"):
+        load_costs(engine, "NVIDIA H200", "v4-flash", 8192, 1, 8)
+    for bad, match in [(dataclasses.replace(measured("mtp"), layer_kind="moe"), "layer_kind must be one of"),
+                       (dataclasses.replace(measured("mtp"), forward_ms=-1.0), r"mtp\.forward_ms"),
+                       (dataclasses.replace(measured("mtp"), alltoall_ms=float("inf")), r"mtp\.alltoall_ms")]:
+        with pytest.raises(ProfileError, match=match):
+            store_profiles(engine, [bad], kernel_tables="eager", **KEY)
+    with pytest.raises(ProfileError, match="one measurement per layer kind"):
+        store_profiles(engine, [measured("mtp"), measured("mtp")], kernel_tables="eager", **KEY)

@@ -1,0 +1,185 @@
+"""``tuner train run|queue|list|show|cancel`` and ``tuner profile layers``: measured V4 training runs and layer costs.
+
+Registered on the main app by ``register(app)``; the database URL is the main app's ``--db``
+(or ``TUNER_DB_URL``), read from the root command's parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import ray
+import typer
+from sqlalchemy import Engine
+
+from db import DatabaseError, default_url, open_database
+from tuner import train_display, train_queue
+from tuner.cli_errors import reporting
+from tuner.display import console
+from tuner.planner import profiles
+from tuner.planner.layout import parse_layout
+from tuner.profile_layers import ProfileError, gpu_kind, profile_layers
+from tuner.provenance import kernel_tables, tables_key
+from tuner.serve import owner_name
+from tuner.train_serve import connect_ray, execute
+from v4.config import PresetError, load_preset
+from v4.ops import KERNEL_CHOICES
+from workers.device_info import describe_device
+
+train_app = typer.Typer(help="Run, queue and inspect measured V4 training runs.", no_args_is_help=True)
+profile_app = typer.Typer(help="Measure per-layer costs for the planner.", no_args_is_help=True)
+
+USER_ERRORS = (train_queue.TrainRequestError, train_queue.TrainRunNotFound, ProfileError, profiles.ProfileError,
+               PresetError, DatabaseError)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``train`` and ``profile`` to the ``tuner`` command."""
+    app.add_typer(train_app, name="train")
+    app.add_typer(profile_app, name="profile")
+
+
+_user_errors = reporting(USER_ERRORS)
+
+
+def _engine(ctx: typer.Context) -> Engine:
+    return open_database(ctx.find_root().params.get("db") or default_url())
+
+
+def _stages(model: str, layout: str) -> int:
+    """How many stages ``layout`` has (the default pp); 1 when it does not parse (RunConfig then says why)."""
+    try:
+        config = load_preset(model)
+        return len(parse_layout(layout, config.layers, 1, config.mtp_layers).stages)
+    except ValueError:
+        return 1
+
+
+Model = Annotated[str, typer.Option("--model", help="preset name (v4/presets) or a YAML file of ModelConfig fields")]
+Kernels = Annotated[str, typer.Option(help=f"one of {', '.join(KERNEL_CHOICES)}")]
+Device = Annotated[str, typer.Option(help="auto (a GPU when the cluster has one), cpu or cuda")]
+
+
+Layout = Annotated[Optional[str], typer.Option(help="pipeline layout, e.g. 'Et*2|t*2mL' (default: even split)")]
+PP = Annotated[Optional[int], typer.Option(help="pipeline ranks (default: the layout's stage count)")]
+Recompute = Annotated[str, typer.Option(help="e.g. 'none', '0-3', 'selective:attn_core,mhc'")]
+Gbs = Annotated[int, typer.Option(help="global batch (samples per iteration)")]
+Mbs = Annotated[int, typer.Option(help="microbatch size")]
+Seq = Annotated[int, typer.Option(help="sequence length")]
+Iters = Annotated[int, typer.Option(help="iterations")]
+Warmup = Annotated[int, typer.Option(help="iterations left out of the step-time figures")]
+Dtype = Annotated[str, typer.Option(help="bfloat16 or float32")]
+World = Annotated[int, typer.Option(help="ranks: data-parallel replicas × pp")]
+
+
+def _request(model: str, layout: Optional[str], pp: Optional[int], recompute: str, gbs: int, mbs: int, seq: int,
+             iters: int, warmup_iters: int, lr: float, seed: int, kernels: str, dtype: str, device: str,
+             world: int) -> train_queue.TrainRequest:
+    """The request of ``train run`` / ``train queue``; ``TrainRequestError`` names every bad field."""
+    fields = dict(preset=model, layout=layout, pp=pp or (_stages(model, layout) if layout else 1),
+                  recompute=recompute, gbs=gbs, mbs=mbs, seq=seq, iters=iters, warmup_iters=warmup_iters, lr=lr,
+                  seed=seed, kernels=kernels, dtype=dtype)
+    return train_queue.parse_request(fields, device, world)  # type: ignore[arg-type]
+
+
+@train_app.command("run")
+@_user_errors
+def train_run(ctx: typer.Context, model: Model, gbs: Gbs, seq: Seq, iters: Iters, layout: Layout = None,
+              pp: PP = None, recompute: Recompute = "none", mbs: Mbs = 1, warmup_iters: Warmup = 1,
+              lr: float = 1e-3, seed: int = 0, kernels: Kernels = "eager", dtype: Dtype = "bfloat16",
+              device: Device = "auto", world: World = 1,
+              ray_address: Annotated[Optional[str], typer.Option(
+                  "--ray-address", envvar="RAY_ADDRESS", help="join this Ray cluster (default: start a local one)")] = None,
+              lease_seconds: Annotated[float, typer.Option(help="how long the run's lease lasts unrenewed")] = 60.0) -> None:
+    """Run a training run now on the Ray cluster, store it, and print what it measured (exit 1 unless ok)."""
+    request = _request(model, layout, pp, recompute, gbs, mbs, seq, iters, warmup_iters, lr, seed, kernels, dtype,
+                       device, world)
+    engine = _engine(ctx)
+    started = connect_ray(ray_address)
+    try:
+        run_id = train_queue.enqueue(engine, request)
+        owner = owner_name()
+        if not train_queue.try_claim(engine, run_id, owner, lease_seconds):
+            raise train_queue.TrainRunNotFound(f"training run {run_id} was taken by a server before it could start")
+        with console.status(f"training run {run_id}") as status:
+            result = execute(engine, run_id, owner, on_phase=lambda phase: status.update(f"run {run_id}: {phase}"))
+    finally:
+        if started:
+            ray.shutdown()
+    _show(engine, run_id)
+    if result != "ok":
+        raise typer.Exit(1)
+
+
+@train_app.command("queue")
+@_user_errors
+def train_queue_command(ctx: typer.Context, model: Model, gbs: Gbs, seq: Seq, iters: Iters, layout: Layout = None,
+                        pp: PP = None, recompute: Recompute = "none", mbs: Mbs = 1, warmup_iters: Warmup = 1,
+                        lr: float = 1e-3, seed: int = 0, kernels: Kernels = "eager", dtype: Dtype = "bfloat16",
+                        device: Device = "auto", world: World = 1) -> None:
+    """Store a training run as queued for ``tuner serve``; prints its id."""
+    request = _request(model, layout, pp, recompute, gbs, mbs, seq, iters, warmup_iters, lr, seed, kernels, dtype,
+                       device, world)
+    typer.echo(train_queue.enqueue(_engine(ctx), request))
+
+
+@train_app.command("list")
+@_user_errors
+def train_list(ctx: typer.Context) -> None:
+    """All training runs with their status and headline figures."""
+    console.print(train_display.runs_table(train_queue.list_runs(_engine(ctx))))
+
+
+def _show(engine: Engine, run_id: int) -> None:
+    row = train_queue.get_run(engine, run_id)
+    console.print(train_display.run_summary(row))
+    if row.stage_memory:
+        console.print(train_display.memory_table(row))
+    console.print(train_display.loss_curve(row))
+
+
+@train_app.command("show")
+@_user_errors
+def train_show(ctx: typer.Context, run_id: int) -> None:
+    """One run: its figures, memory per pipeline rank and loss curve."""
+    _show(_engine(ctx), run_id)
+
+
+@train_app.command("cancel")
+@_user_errors
+def train_cancel(ctx: typer.Context, run_id: int) -> None:
+    """Cancel a queued or running training run (a running one stops within seconds)."""
+    typer.echo(f"training run {run_id}: {train_queue.cancel(_engine(ctx), run_id)}")
+
+
+@profile_app.command("layers")
+@_user_errors
+def profile_layers_command(
+    ctx: typer.Context, model: Model, seq: Seq, mbs: Mbs = 1,
+    ep: Annotated[int, typer.Option(help="expert-parallel ranks: each layer holds experts/ep experts")] = 1,
+    kernels: Kernels = "eager", device: Device = "auto",
+    warmup: Annotated[Optional[int], typer.Option(help="untimed rounds (default: 2 on GPU, 1 on CPU)")] = None,
+    reps: Annotated[Optional[int], typer.Option(help="timed rounds, median taken (default: 5 on GPU, 3 on CPU)")] = None,
+) -> None:
+    """Time each layer kind alone on one device and store the costs the planner reads."""
+    import torch
+
+    config = load_preset(model)
+    if kernels not in KERNEL_CHOICES:
+        raise ProfileError(f"kernels: must be one of {KERNEL_CHOICES}, got {kernels!r}")
+    if device not in ("auto", "cpu", "cuda"):
+        raise ProfileError(f"device: must be auto, cpu or cuda, got {device!r}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    gpu = device == "cuda"
+    engine = _engine(ctx)
+    with console.status(f"profiling {config.name}") as status:
+        costs = profile_layers(config, seq, mbs, ep, kernels, device,
+                               warmup=warmup if warmup is not None else 2 if gpu else 1,
+                               reps=reps if reps is not None else 5 if gpu else 3,
+                               on_piece=lambda kind: status.update(f"profiling {config.name}: {kind}"))
+    kind, memory = gpu_kind(device)
+    tables = tables_key(kernel_tables(kernels))
+    profiles.store_profiles(engine, costs, gpu_kind=kind, gpu_memory_bytes=memory, model=config.name, seq=seq, mbs=mbs,
+                            ep=ep, kernel_tables=tables, toolchain=describe_device()["versions"])
+    console.print(train_display.profile_table(costs, f"{config.name} on {kind}: seq {seq}, mbs {mbs}, ep {ep}, {tables}"))
