@@ -100,6 +100,14 @@ def test_the_time_factor_moves_toward_measured_over_predicted(validated) -> None
     assert after.fragmentation == pytest.approx(data["fit"]["activation_factor"] - 1) and after.reserved_bytes >= 0
 
 
+def test_tuner_plan_starts_from_the_refitted_calibration(validated) -> None:
+    db, data, _ = validated
+    code, out, everything = tuner(db, "plan", "--model", "tiny", "--nodes", "1", "--gpus-per-node", "2", "--gpu", "cpu",
+                                  "--gbs", "4", "--seq", "64", "--ep", "1", "--pp", "2", "--top", "1", "--json")
+    assert code == 0, everything
+    assert Calibration.from_dict(json.loads(out)["calibration"]) == Calibration.from_dict(data["calibration_after"])
+
+
 def _outcome(db: str):
     request = PlanRequest.parse(model="tiny", nodes=1, gpus_per_node=2, gpu="cpu", gbs=4, seq=64, ep=1, pp=2, top=1)
     return plan_request(open_database(db), request, CPU_CALIBRATION)

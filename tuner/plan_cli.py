@@ -18,11 +18,13 @@ from rich.table import Table
 
 from db import DatabaseError, default_url, open_database
 from tuner.cli_errors import fail
+from tuner.planner.hardware import gpu_kind
 from tuner.planner.layout import format_ranges
 from tuner.planner.profiles import ProfilesMissing
 from tuner.planner.report import write_report
 from tuner.planner.request import Outcome, PlanRequest, RequestError, plan_request
 from tuner.planner.search import NoPlanFits
+from tuner.planner.validate import starting_calibration
 
 GiB = 1 << 30
 plan_app = typer.Typer(help=__doc__, invoke_without_command=True, no_args_is_help=False)
@@ -86,7 +88,8 @@ def plan(
             flops_per_token=flops_per_token)
         root = ctx.find_root().params
         engine = open_database(root.get("db") or default_url())
-        outcome = plan_request(engine, request)
+        # The newest calibration `tuner plan validate` refitted on this GPU kind, else the defaults.
+        outcome = plan_request(engine, request, starting_calibration(engine, gpu_kind(request.gpu).device_name))
         if report is not None:
             write_report(report, outcome)
     if json_out:
