@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from kernels import registry, tuning
 from kernels.arch import current_arch, kernel_device
 from kernels.registry import TunableKernel
 from search_spaces import load_space
@@ -52,3 +53,30 @@ def assert_seeded_random_inputs(kernel: TunableKernel, shape: dict[str, int], in
         if integers_nonzero or first[key].is_floating_point():
             assert torch.count_nonzero(first[key]) == first[key].numel()
     assert kernel.compile(first, kernel.default_config(shape)) is None
+
+
+def spy_on_resolve(monkeypatch: Any, module: Any) -> list[tuple[str, str]]:
+    """(kernel, shape key) of every launch-parameter lookup ``module`` makes from now on, in order;
+    the lookups still go to ``kernels.tuning.resolve``."""
+    asked: list[tuple[str, str]] = []
+
+    def spy(kernel: str, shape: dict[str, int]) -> Any:
+        asked.append((kernel, registry.get(kernel).shape_key(shape)))
+        return tuning.resolve(kernel, shape)
+
+    monkeypatch.setattr(module, "resolve", spy)
+    return asked
+
+
+def assert_defaults_fit_space(name: str, presets: tuple[str, ...] | None = None, grid_points: bool = False) -> None:
+    """The heuristic default of every shape of ``presets`` (all of the kernel's when None) passes the
+    kernel's sm_90 constraints; with ``grid_points`` it is also a point of the space's grid (``maxnreg``
+    left to the compiler), so a sweep can measure it."""
+    kernel, space = registry.get(name), load_space(name)
+    shapes = [s for preset, group in kernel.presets.items() if presets is None or preset in presets for s in group]
+    for shape in shapes:
+        config = kernel.default_config(shape)
+        if grid_points:
+            config = {**config, "maxnreg": None}
+            assert all(config[p] in choices for p, choices in space.dimensions("sm_90").items()), config
+        assert space.violation(config, shape, "sm_90") is None, (shape, config)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import compressor, registry, tuning
+from kernels import compressor, registry
 from kernels.arch import current_arch, kernel_device
 from kernels.compressor import compressor_pool, compressor_pool_reference
 from search_spaces import load_space
-from tests.kernel_checks import assert_config_matches_reference, assert_seeded_random_inputs
+from tests.kernel_checks import (assert_config_matches_reference, assert_defaults_fit_space, assert_seeded_random_inputs, spy_on_resolve)
 
 DEVICE = kernel_device()
 # bf16 outputs: one rounding of a fp32 result (truncation on the interpreter: below 2**-7 relative);
@@ -119,19 +119,11 @@ def test_inputs_are_seeded_random_and_compile_accepts_default(name):
 
 @pytest.mark.parametrize("name", ["compressor_fwd", "compressor_bwd"])
 def test_defaults_fit_the_space_on_sm_90(name):
-    kernel, space = registry.get(name), load_space(name)
-    for shape in kernel.presets["v4-flash"] + kernel.presets["v4-pro"] + kernel.presets["small"]:
-        assert space.violation(kernel.default_config(shape), shape, "sm_90") is None, shape
+    assert_defaults_fit_space(name, ("v4-flash", "v4-pro", "small"))
 
 
 def test_launches_resolve_registered_shapes(monkeypatch):
-    looked_up = []
-
-    def spy(name, shape):
-        looked_up.append((name, registry.get(name).shape_key(shape)))
-        return tuning.resolve(name, shape)
-
-    monkeypatch.setattr(compressor, "resolve", spy)
+    looked_up = spy_on_resolve(monkeypatch, compressor)
     for ratio in (4, 128):
         kv, score, ape, grad = _inputs(1, 130, ratio, 8, torch.bfloat16, seed=0)
         compressor_pool(kv.requires_grad_(), score, ape).backward(grad)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import grouped_gemm, registry, tuning
+from kernels import grouped_gemm, registry
 from kernels.arch import kernel_device
 from kernels.grouped_gemm import SWIGLU_CLAMP, expert_mlp, expert_mlp_reference
-from search_spaces import load_space
-from tests.kernel_checks import assert_config_matches_reference, assert_seeded_random_inputs
+from tests.kernel_checks import (assert_config_matches_reference, assert_defaults_fit_space, assert_seeded_random_inputs, spy_on_resolve)
 
 DEVICE = kernel_device()
 LAUNCHES = ("expert_up_fwd", "expert_down_fwd", "expert_down_bwd_dx", "expert_down_bwd_dw", "expert_up_bwd_dx",
@@ -172,19 +171,11 @@ def test_inputs_are_seeded_random_and_compile_accepts_default(name):
 
 @pytest.mark.parametrize("name", LAUNCHES)
 def test_defaults_fit_the_space_on_sm_90(name):
-    kernel, space = registry.get(name), load_space(name)
-    for shape in kernel.presets["v4-flash"] + kernel.presets["v4-pro"]:
-        assert space.violation(kernel.default_config(shape), shape, "sm_90") is None, shape
+    assert_defaults_fit_space(name, ("v4-flash", "v4-pro"))
 
 
 def test_launches_resolve_registered_shapes(monkeypatch):
-    looked_up = []
-
-    def spy(name, shape):
-        looked_up.append((name, registry.get(name).shape_key(shape)))
-        return tuning.resolve(name, shape)
-
-    monkeypatch.setattr(grouped_gemm, "resolve", spy)
+    looked_up = spy_on_resolve(monkeypatch, grouped_gemm)
     p = _problem([3, 2], 32, 16, seed=0)
     leaves = {k: p[k].clone().requires_grad_() for k in ("x", "weights", "w13", "w2")}
     expert_mlp(leaves["x"], p["offsets"], leaves["weights"], leaves["w13"], leaves["w2"]).backward(p["dy"])

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import indexer, registry, tuning
+from kernels import indexer, registry
 from kernels.arch import current_arch, kernel_device
 from kernels.indexer import (
     index_scores_reference, indexer_topk, indexer_topk_reference, select_topk_reference,
 )
 from search_spaces import load_space
-from tests.kernel_checks import assert_config_matches_reference, assert_seeded_random_inputs
+from tests.kernel_checks import (assert_config_matches_reference, assert_defaults_fit_space, assert_seeded_random_inputs, spy_on_resolve)
 
 DEVICE = kernel_device()
 
@@ -143,19 +143,11 @@ def test_inputs_are_seeded_random_and_compile_accepts_default():
 
 
 def test_defaults_fit_the_space_on_sm_90():
-    kernel, space = registry.get("indexer_fwd"), load_space("indexer_fwd")
-    for shape in kernel.presets["v4-flash"] + kernel.presets["v4-pro"] + kernel.presets["small"]:
-        assert space.violation(kernel.default_config(shape), shape, "sm_90") is None, shape
+    assert_defaults_fit_space("indexer_fwd", ("v4-flash", "v4-pro", "small"))
 
 
 def test_launch_resolves_the_registered_shape(monkeypatch):
-    looked_up = []
-
-    def spy(name, shape):
-        looked_up.append((name, registry.get(name).shape_key(shape)))
-        return tuning.resolve(name, shape)
-
-    monkeypatch.setattr(indexer, "resolve", spy)
+    looked_up = spy_on_resolve(monkeypatch, indexer)
     indexer_topk(*_gaussian(1, 20, 4, 16, 4, seed=0), 3)
     assert looked_up == [("indexer_fwd", "batch=1,seq=20,topk=3")]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from kernels.mhc import (
 from kernels.rmsnorm import rms_norm, rms_norm_reference
 from kernels.sinkhorn import sinkhorn, sinkhorn_reference
 from search_spaces import load_space
-from tests.kernel_checks import assert_config_matches_reference, assert_seeded_random_inputs
+from tests.kernel_checks import (assert_config_matches_reference, assert_defaults_fit_space, assert_seeded_random_inputs, spy_on_resolve)
 
 DEVICE = kernel_device()
 KERNELS = [f"mhc_{op}_{d}" for op in ("glue", "collapse", "expand") for d in ("fwd", "bwd")]
@@ -197,21 +196,14 @@ def test_tuned_configs_match_reference(name, config):
 
 
 def test_launches_resolve_their_own_kernel_at_tokens_and_hidden(monkeypatch):
-    asked = []
-    real_resolve = mhc.resolve
-
-    def spy(kernel, shape):
-        asked.append((kernel, shape))
-        return real_resolve(kernel, shape)
-
-    monkeypatch.setattr(mhc, "resolve", spy)
+    asked = spy_on_resolve(monkeypatch, mhc)
     h, f, pre, post, comb, _, _ = _streams_problem((3, 2), 40, torch.bfloat16)
     (_, fn, base, scale), _ = _glue_problem((3, 2), 40, torch.bfloat16)
     h, fn, base, scale, f, pre, post, comb = _leaves(h, fn, base, scale, f, pre, post, comb)
     loss = sum(t.float().sum() for t in mhc_glue(h, fn, base, scale))
     loss = loss + mhc_collapse(h, pre).float().sum() + mhc_expand(f, h, post, comb).float().sum()
     loss.backward()
-    assert sorted(asked, key=lambda a: a[0]) == [(name, {"tokens": 6, "hidden": 40}) for name in sorted(KERNELS)]
+    assert sorted(asked, key=lambda a: a[0]) == [(name, "tokens=6,hidden=40") for name in sorted(KERNELS)]
 
 
 def test_bad_shapes_and_dtypes_are_rejected():
@@ -242,12 +234,8 @@ def test_inputs_are_seeded_random_and_compile_accepts_default(name):
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_defaults_are_valid_configs_of_the_space(name):
-    kernel, space = registry.get(name), load_space(name)
-    assert 40 <= space.size("sm_90") <= 250
-    for shape in itertools.chain.from_iterable(kernel.presets.values()):
-        config = {**kernel.default_config(shape), "maxnreg": None}
-        assert all(config[param] in choices for param, choices in space.dimensions("sm_90").items()), config
-        assert space.violation(config, shape, "sm_90") is None, (shape, config)
+    assert 40 <= load_space(name).size("sm_90") <= 250
+    assert_defaults_fit_space(name, grid_points=True)
 
 
 def test_bytes_moved_counts_each_tensor_once():

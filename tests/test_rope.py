@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from kernels import registry, rope as rope_module
 from kernels.arch import kernel_device
 from kernels.rope import HEAD_DIM, ROPE_DIM, rope, rope_reference
 from search_spaces import load_space
-from tests.kernel_checks import assert_config_matches_reference, assert_seeded_random_inputs
+from tests.kernel_checks import (assert_config_matches_reference, assert_defaults_fit_space, assert_seeded_random_inputs, spy_on_resolve)
 
 DEVICE = kernel_device()
 NOPE = HEAD_DIM - ROPE_DIM
@@ -92,18 +91,11 @@ def test_tuned_configs_match_reference(name, config):
 
 
 def test_launches_resolve_their_own_kernel_at_tokens_and_heads(monkeypatch):
-    asked = []
-    real_resolve = rope_module.resolve
-
-    def spy(kernel, shape):
-        asked.append((kernel, shape))
-        return real_resolve(kernel, shape)
-
-    monkeypatch.setattr(rope_module, "resolve", spy)
+    asked = spy_on_resolve(monkeypatch, rope_module)
     x, pos, _ = _problem((2, 3), 5, torch.bfloat16, max_pos=100)
     x = x.requires_grad_()
     rope(x, pos).float().sum().backward()
-    assert asked == [("rope_fwd", {"tokens": 6, "heads": 5}), ("rope_bwd", {"tokens": 6, "heads": 5})]
+    assert asked == [("rope_fwd", "tokens=6,heads=5"), ("rope_bwd", "tokens=6,heads=5")]
 
 
 def test_bad_shapes_and_dtypes_are_rejected():
@@ -128,12 +120,8 @@ def test_inputs_are_seeded_random_and_compile_accepts_default(name):
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_defaults_are_valid_configs_of_the_space(name):
-    kernel, space = registry.get(name), load_space(name)
-    assert 40 <= space.size("sm_90") <= 250
-    for shape in itertools.chain.from_iterable(kernel.presets.values()):
-        config = {**kernel.default_config(shape), "maxnreg": None}
-        assert all(config[param] in choices for param, choices in space.dimensions("sm_90").items()), config
-        assert space.violation(config, shape, "sm_90") is None, (shape, config)
+    assert 40 <= load_space(name).size("sm_90") <= 250
+    assert_defaults_fit_space(name, grid_points=True)
 
 
 def test_bytes_moved_counts_each_tensor_once():

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import registry, router, tuning
+from kernels import registry, router
 from kernels.arch import kernel_device
 from kernels.router import route, route_reference
-from search_spaces import load_space
-from tests.kernel_checks import assert_config_matches_reference
+from tests.kernel_checks import (assert_config_matches_reference, assert_defaults_fit_space, spy_on_resolve)
 
 DEVICE = kernel_device()
 # fp32 throughout; the kernel's exp/log/sqrt may differ from torch's in the last bits.
@@ -116,19 +115,11 @@ def test_inputs_are_seeded_random_and_compile_accepts_default(name):
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_defaults_fit_the_space_on_sm_90(name):
-    kernel, space = registry.get(name), load_space(name)
-    for shape in kernel.presets["v4-flash"] + kernel.presets["v4-pro"]:
-        assert space.violation(kernel.default_config(shape), shape, "sm_90") is None, shape
+    assert_defaults_fit_space(name, ("v4-flash", "v4-pro"))
 
 
 def test_launches_resolve_registered_shapes(monkeypatch):
-    looked_up = []
-
-    def spy(name, shape):
-        looked_up.append((name, registry.get(name).shape_key(shape)))
-        return tuning.resolve(name, shape)
-
-    monkeypatch.setattr(router, "resolve", spy)
+    looked_up = spy_on_resolve(monkeypatch, router)
     logits = torch.randn(5, 9).to(DEVICE).requires_grad_()
     route(logits, topk=2)[1].sum().backward()
     tid2eid = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32).to(DEVICE)

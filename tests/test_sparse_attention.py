@@ -7,12 +7,12 @@ import itertools
 import pytest
 import torch
 
-from kernels import registry, sparse_attention, tuning
+from kernels import registry, sparse_attention
 from kernels.arch import kernel_device
 from kernels.sparse_attention import sparse_attention as attend
 from kernels.sparse_attention import sparse_attention_reference
 from search_spaces import load_space
-from tests.kernel_checks import assert_config_matches_reference, assert_seeded_random_inputs
+from tests.kernel_checks import (assert_config_matches_reference, assert_defaults_fit_space, assert_seeded_random_inputs, spy_on_resolve)
 
 DEVICE = kernel_device()
 KERNELS = ("sparse_attn_fwd", "sparse_attn_bwd")
@@ -150,11 +150,7 @@ def test_flops_count_the_entries_attended(shape):
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_defaults_are_valid_configs_of_the_space_on_sm_90(name):
-    kernel, space = registry.get(name), load_space(name)
-    for shape in itertools.chain.from_iterable(kernel.presets.values()):
-        config = {**kernel.default_config(shape), "maxnreg": None}
-        assert all(config[p] in choices for p, choices in space.dimensions("sm_90").items()), config
-        assert space.violation(config, shape, "sm_90") is None, (shape, config)
+    assert_defaults_fit_space(name, grid_points=True)
 
 
 def test_space_prunes_what_sm_90_cannot_hold():
@@ -172,14 +168,7 @@ def test_space_prunes_what_sm_90_cannot_hold():
 
 
 def test_launches_resolve_registered_shapes(monkeypatch):
-    asked = []
-    real_resolve = tuning.resolve
-
-    def spy(kernel, shape):
-        asked.append((kernel, registry.get(kernel).shape_key(shape)))
-        return real_resolve(kernel, shape)
-
-    monkeypatch.setattr(sparse_attention, "resolve", spy)
+    asked = spy_on_resolve(monkeypatch, sparse_attention)
     p = _problem(1, 5, 2, sparse_attention.CSA_RATIO, 3, 4, seed=1)
     q = p["q"].clone().requires_grad_()
     attend(q, p["kv"], p["sink"], 4, p["kv_compressed"], p["indices"], window=4).float().sum().backward()
