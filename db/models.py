@@ -39,13 +39,14 @@ class TrialStatus(str, enum.Enum):
     wrong = "wrong"
 
 
-class Sweep(Base):
-    __tablename__ = "tuner_sweeps"
+class LeasedJob:
+    """The columns the job queue (``tuner.queue``) claims, renews and closes: sweeps and training runs.
+
+    ``status`` holds the job's own status names, of which ``queued``, ``running`` and ``cancelled``
+    are shared by every kind of job.
+    """
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    kernel: Mapped[str] = mapped_column(String(128), index=True)
-    arch: Mapped[str] = mapped_column(String(32))  # as asked: "auto" until a server resolves it
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16), index=True, default=SweepStatus.queued.value)
     owner: Mapped[str | None] = mapped_column(String(255))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -53,6 +54,14 @@ class Sweep(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     error: Mapped[str | None] = mapped_column(Text)
+
+
+class Sweep(LeasedJob, Base):
+    __tablename__ = "tuner_sweeps"
+
+    kernel: Mapped[str] = mapped_column(String(128), index=True)
+    arch: Mapped[str] = mapped_column(String(32))  # as asked: "auto" until a server resolves it
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
 
     trials: Mapped[list[Trial]] = relationship(back_populates="sweep")
 

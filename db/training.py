@@ -10,13 +10,12 @@ kernels and tuned-table hash, versions, host and GPU).
 from __future__ import annotations
 
 import enum
-from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from db.models import Base, utcnow
+from db.models import Base, LeasedJob
 
 
 class TrainStatus(str, enum.Enum):
@@ -28,23 +27,16 @@ class TrainStatus(str, enum.Enum):
     cancelled = "cancelled"
 
 
-class TrainRun(Base):
+class TrainRun(LeasedJob, Base):
+    """One training run; the lease columns (status, owner, heartbeat, times, error) come from LeasedJob."""
+
     __tablename__ = "tuner_train_runs"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    status: Mapped[str] = mapped_column(String(16), index=True, default=TrainStatus.queued.value)
     # the request
     request: Mapped[dict[str, Any]] = mapped_column(JSON)  # RunConfig fields; device resolved when run
     world: Mapped[int] = mapped_column(Integer)
     device: Mapped[str] = mapped_column(String(8))  # as asked: auto, cpu or cuda
     preset: Mapped[str] = mapped_column(String(255), index=True)
-    # the lease, as on sweeps
-    owner: Mapped[str | None] = mapped_column(String(255))
-    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    error: Mapped[str | None] = mapped_column(Text)
     oom_stage: Mapped[int | None] = mapped_column(Integer)
     # what was run
     model: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # the resolved ModelConfig

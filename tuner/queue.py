@@ -16,12 +16,12 @@ from typing import Any
 from sqlalchemy import ColumnElement, Engine, or_, select, update
 
 from db import Sweep, SweepStatus, session_scope
-from db.models import utcnow
-from db.training import TrainRun, TrainStatus
+from db.models import LeasedJob, utcnow
+from db.training import TrainStatus
 from tuner.spec import SweepSpec
 
 DEFAULT_LEASE_S = 60.0
-Job = type[Sweep] | type[TrainRun]
+Job = type[LeasedJob]
 QUEUED, RUNNING, CANCELLED = SweepStatus.queued.value, SweepStatus.running.value, SweepStatus.cancelled.value
 assert (QUEUED, RUNNING, CANCELLED) == (TrainStatus.queued.value, TrainStatus.running.value,
                                          TrainStatus.cancelled.value)
