@@ -2,7 +2,8 @@
 # The kernels' H200 runs (block kernels: mHC, RoPE, router, expert GEMMs; attention: sparse
 # attention, compressor, indexer), in device calls that share one sweep database (copied in as
 # .sweepdb/h200.db, so the export keeps the entries of earlier runs):
-#   parity: the parity tests of TESTS (default: the block kernels') on the GPU;
+#   parity: the parity tests of TESTS (default: the block kernels') on the GPU (at most
+#           PARITY_SECONDS);
 #   sweep: the sweeps of bench/sweep_specs.py through the service on all GPUs (bounded by
 #          SWEEP_SECONDS; GROUP=gemm|memory|attention for one group), then the sm_90 export;
 #   bench: tuned vs default vs eager (and the expert GEMMs' peers) at every preset shape, with
@@ -24,8 +25,8 @@ memory_bound=mhc_glue_fwd,mhc_glue_bwd,mhc_collapse_fwd,mhc_collapse_bwd,mhc_exp
 for phase in "$@"; do case "$phase" in
 parity)
   step "parity tests of the block kernels on the GPU"
-  python -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_mhc.py tests/test_rope.py tests/test_router.py \
-    tests/test_grouped_gemm.py} 2>&1 | tail -8 | tee -a "$out/log.txt"
+  timeout -s INT "${PARITY_SECONDS:-900}" python -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_mhc.py tests/test_rope.py tests/test_router.py \
+    tests/test_grouped_gemm.py} 2>&1 | tee "$out/parity.log" | tail -8 | tee -a "$out/log.txt"
   ;;
 sweep)
   step "queue the sweeps"

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Training runs and layer profiles on H200s (not run by the author; the lead runs it on the GPU host).
-#   1 GPU:  the proxy-8l preset whole, under several recompute plans;
-#   2 GPUs: the proxy-8l preset at PP=2 for several layouts and recompute plans;
-#   then `tuner profile layers` for V4-Flash full width at seq 4096, mbs 1, EP 8 (one layer at a time).
-# Everything lands in a SQLite file under $OUT, plus per-command logs and JSON dumps of the rows.
-# Usage: OUT=/some/dir bash bench/h200_train.sh   (needs 2 GPUs for the PP=2 part; skipped with fewer)
+# Training runs and layer profiles on H200s, in phases (each run's failure, OOM included, is stored
+# and the script goes on):
+#   1gpu:    the proxy-8l preset whole on one GPU: Triton kernels under three recompute plans, and
+#            the eager path once;
+#   pp2:     the proxy-8l preset at PP=2 for several layouts and recompute plans (needs 2 GPUs);
+#   profile: `tuner profile layers` for V4-Flash full width at seq 4096, mbs 1, EP 8 (one layer at
+#            a time), eager and Triton, and for proxy-8l;
+#   dump:    the runs and profiles of the DB as JSON.
+# Everything lands in a SQLite file under $OUT, plus per-command logs.
+# Usage: OUT=/some/dir bash bench/h200_train.sh 1gpu pp2 profile dump   (ITERS, WARMUP: iterations)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a writable folder}
@@ -12,7 +16,8 @@ mkdir -p "$OUT/logs"
 export TUNER_DB_URL="sqlite:///$OUT/train.db" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PY:-python}  # the GPU host has no venv: `source .gpubundle/install.sh` first
 GPUS=$($PY -c 'import torch; print(torch.cuda.device_count())')
-COMMON=(--model proxy-8l --seq 4096 --mbs 1 --iters 10 --warmup-iters 3 --device cuda)
+COMMON=(--model proxy-8l --seq 4096 --mbs 1 --iters "${ITERS:-10}" --warmup-iters "${WARMUP:-3}" --device cuda)
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-train}  # shared by the runs: compile once
 
 run() {  # name, then tuner arguments; a failed run (OOM, error) is stored and the script goes on
   local name=$1; shift
@@ -21,14 +26,15 @@ run() {  # name, then tuner arguments; a failed run (OOM, error) is stored and t
   echo "   exit $?" | tee -a "$OUT/logs/summary.log"
 }
 
-for kernels in eager triton; do
+for phase in "$@"; do case "$phase" in
+1gpu)
   for recompute in none 'selective:attn_core,mhc' 0-8; do
-    tag=1gpu-$kernels-${recompute//[^a-z0-9-]/_}
-    run "$tag" train run "${COMMON[@]}" --gbs 8 --world 1 --recompute "$recompute" --kernels "$kernels"
+    run "1gpu-triton-${recompute//[^a-z0-9-]/_}" train run "${COMMON[@]}" --gbs 8 --world 1 --recompute "$recompute" --kernels triton
   done
-done
-
-if [ "$GPUS" -ge 2 ]; then
+  run 1gpu-eager-none train run "${COMMON[@]}" --gbs 8 --world 1 --recompute none --kernels eager
+  ;;
+pp2)
+  [ "$GPUS" -ge 2 ] || { echo "pp2 needs 2 GPUs, this host has $GPUS" | tee -a "$OUT/logs/summary.log"; continue; }
   for layout in 'Et*4|t*4mL' 'Et*5|t*3mL' 'Et*3|t*5mL'; do
     for recompute in none 0-3 'selective:attn_core,mhc'; do
       tag=pp2-${layout//[^a-zA-Z0-9]/_}-${recompute//[^a-z0-9-]/_}
@@ -36,13 +42,14 @@ if [ "$GPUS" -ge 2 ]; then
     done
   done
   run pp2-interleaved train run "${COMMON[@]}" --gbs 8 --world 2 --pp 2 --layout 'Et*2|t*2|t*2|t*2mL' --kernels triton
-fi
-
-for kernels in eager triton; do
-  run "profile-v4-flash-$kernels" profile layers --model v4-flash --seq 4096 --mbs 1 --ep 8 --device cuda --kernels "$kernels"
-done
-run profile-proxy-8l profile layers --model proxy-8l --seq 4096 --mbs 1 --ep 1 --device cuda --kernels triton
-
+  ;;
+profile)
+  for kernels in triton eager; do
+    run "profile-v4-flash-$kernels" profile layers --model v4-flash --seq 4096 --mbs 1 --ep 8 --device cuda --kernels "$kernels"
+  done
+  run profile-proxy-8l profile layers --model proxy-8l --seq 4096 --mbs 1 --ep 1 --device cuda --kernels triton
+  ;;
+dump)
 $PY -m tuner.cli train list >"$OUT/logs/train-list.log" 2>&1
 $PY - "$OUT" <<'PY'
 import json, sys
@@ -63,3 +70,6 @@ for name, rows in (("train_runs", runs), ("layer_profiles", profiles)):
         json.dump(rows, f, indent=1, default=str)
 print(f"{len(runs)} training runs, {len(profiles)} profile rows written to {out}")
 PY
+  ;;
+*) echo "usage: $0 1gpu|pp2|profile|dump ..." >&2; exit 2 ;;
+esac; done

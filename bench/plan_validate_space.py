@@ -2,7 +2,9 @@
 
 ``space MODEL PP``: one ``layout<TAB>recompute`` line per plan: the even split and every split
 one layer away from it (one decoder layer moved between neighbouring stages), each with no
-recompute, full recompute of every layer, and full recompute of the first stage's decoder layers.
+recompute, full recompute of every layer, and full recompute of the first stage's decoder layers;
+plans that already have a finished run at PP in ``TUNER_DB_URL`` (the validation's candidates) are
+left out, so that a device session runs each plan once.
 
 ``summary``: for every stored training run of MODEL at PP (``TUNER_DB_URL``), its step and memory
 per rank predicted under the newest validation's calibrations (before and after the refit) next
@@ -52,6 +54,19 @@ def space(model: str, pp: int) -> list[tuple[str, str]]:
     return out
 
 
+def already_run(model: str, pp: int) -> set[tuple[str, tuple[int, ...]]]:
+    """(layout, recomputed layer ids) of the finished runs (ok or out of memory) of MODEL at PP."""
+    layers = load_preset(model).layers
+    with session_scope(open_database()) as session:
+        runs = session.scalars(select(TrainRun).filter_by(preset=model, pp=pp)).all()
+        return {(format_layout(parse_layout(r.layout, layers, pp)), _recomputed(r.recompute))
+                for r in runs if r.layout is not None and r.vpp == 1 and r.status in ("ok", "oom")}
+
+
+def _recomputed(recompute: str) -> tuple[int, ...]:
+    return tuple(sorted(RecomputePlan.parse(recompute).full_layers))
+
+
 def summary(path: str) -> None:
     engine = open_database()
     with session_scope(engine) as session:
@@ -70,7 +85,7 @@ def summary(path: str) -> None:
         if run.layout is None or run.vpp != 1 or (run.dp or 1) * request.pp != request.gpus_per_node:
             continue
         layout = parse_layout(run.layout, config.layers, request.pp)
-        ids = tuple(sorted(RecomputePlan.parse(run.recompute).full_layers))
+        ids = _recomputed(run.recompute)
         plan = Plan(layout, ids, model, model.evaluate(layout, ids))
         m = measured(run)
         refit_ms, refit_bytes = predict(plan, after)
@@ -104,8 +119,10 @@ def summary(path: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "space":
+        done = already_run(sys.argv[2], int(sys.argv[3]))
         for layout, recompute in space(sys.argv[2], int(sys.argv[3])):
-            print(f"{layout}\t{recompute}")
+            if (layout, _recomputed(recompute)) not in done:
+                print(f"{layout}\t{recompute}")
     elif len(sys.argv) == 3 and sys.argv[1] == "summary":
         summary(sys.argv[2])
     else:

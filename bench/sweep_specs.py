@@ -6,6 +6,12 @@ valid configs per shape are swept exhaustively; larger ones (the expert GEMMs, R
 by TPE with a per-shape trial budget, since one device session cannot grid them all (about
 3,600 memory-bound and 30,000 GEMM configs over all shapes).
 
+The attention group is ordered for a short device session: the exhaustive grids of the two
+largest sparse-attention spaces at the Flash CSA shape (the search-efficiency replay needs them),
+then TPE over the other sequence-4,096 shapes (the twelve cells of the benchmark), the compressor
+and indexer, and last the sequence-8,192 shapes; the compressor presets of Flash and Pro are the
+same shapes, swept once.
+
 Every sweep measures the kernel's heuristic default first (the runner enqueues it).
 
 Usage: python bench/sweep_specs.py OUT_DIR [GROUP]  (gemm, memory or attention; default gemm and memory)
@@ -28,7 +34,9 @@ EXPERT_GEMMS = ("expert_up_fwd", "expert_down_fwd", "expert_down_bwd_dx", "exper
 ATTENTION = ("sparse_attn_fwd", "sparse_attn_bwd", "compressor_fwd", "compressor_bwd", "indexer_fwd")
 GROUPS = {"gemm": EXPERT_GEMMS, "memory": MEMORY_BOUND, "attention": ATTENTION}
 GRID_LIMIT = 24
-TPE_TRIALS = {"memory": 16, "gemm": 20}  # attention kernels: the "gemm" budget (they count FLOPs)
+TPE_TRIALS = {"memory": 16, "gemm": 20}
+ATTENTION_TPE_TRIALS = 12
+GRID_SHAPE = {"batch": 1, "seq": 4096, "heads": 64, "ratio": 4, "topk": 512, "window": 128}  # Flash CSA
 
 
 def spec(kernel: str, preset: str) -> dict:
@@ -48,16 +56,37 @@ def spec(kernel: str, preset: str) -> dict:
     return body
 
 
+def attention_specs() -> list[tuple[str, dict]]:
+    """The attention sweeps in the order a short session should run them (see the module doc)."""
+    def tpe(kernel: str, shapes: list[dict]) -> dict:
+        return {"kernel": kernel, "shapes": shapes, "arch": "sm_90", "strategy": {"name": "tpe", "seed": 0},
+                "budget": {"max_trials": ATTENTION_TPE_TRIALS}}
+
+    def preset_shapes(kernel: str, seq: int, presets: tuple[str, ...] = ("v4-flash", "v4-pro")) -> list[dict]:
+        shapes = [s for p in presets for s in registry.get(kernel).presets[p] if s["seq"] == seq]
+        return [s for s in shapes if s != GRID_SHAPE]
+
+    specs = [(f"{k}-grid", {"kernel": k, "shapes": [GRID_SHAPE], "arch": "sm_90", "strategy": {"name": "grid"}})
+             for k in ("sparse_attn_fwd", "sparse_attn_bwd")]
+    for seq in (4096, 8192):
+        specs += [(f"{k}-{seq}", tpe(k, preset_shapes(k, seq))) for k in ("sparse_attn_fwd", "sparse_attn_bwd")]
+        specs += [(f"{k}-{seq}", tpe(k, preset_shapes(k, seq, ("v4-flash",)))) for k in ("compressor_fwd", "compressor_bwd")]
+        specs.append((f"indexer_fwd-{seq}", tpe("indexer_fwd", preset_shapes("indexer_fwd", seq))))
+    return specs
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    kernels = GROUPS[sys.argv[2]] if len(sys.argv) > 2 else (*EXPERT_GEMMS, *MEMORY_BOUND)  # GEMMs first
-    n = 0
-    for kernel in kernels:
-        for preset in ("v4-flash", "v4-pro"):
-            n += 1
-            (out / f"{n:02d}-{kernel}-{preset}.yaml").write_text(yaml.safe_dump(spec(kernel, preset), sort_keys=False))
-    print(f"wrote {n} specs to {out}")
+    group = sys.argv[2] if len(sys.argv) > 2 else None
+    if group == "attention":
+        specs = attention_specs()
+    else:
+        kernels = GROUPS[group] if group else (*EXPERT_GEMMS, *MEMORY_BOUND)  # GEMMs first
+        specs = [(f"{k}-{p}", spec(k, p)) for k in kernels for p in ("v4-flash", "v4-pro")]
+    for n, (name, body) in enumerate(specs, 1):
+        (out / f"{n:02d}-{name}.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
+    print(f"wrote {len(specs)} specs to {out}")
 
 
 if __name__ == "__main__":
