@@ -5,7 +5,8 @@
 #   parity: the parity tests of TESTS (default: the block kernels') on the GPU (at most
 #           PARITY_SECONDS);
 #   sweep: the sweeps of bench/sweep_specs.py through the service on all GPUs (bounded by
-#          SWEEP_SECONDS; GROUP=gemm|memory|attention for one group), then the sm_90 export;
+#          SWEEP_SECONDS; GROUP=gemm|memory|attention for one group), then the sm_90 export
+#          (EXPORT_ARGS: e.g. --skip-kernel K for launches whose sweeps are stale);
 #   bench: tuned vs default vs eager (and the expert GEMMs' peers) at every preset shape, with
 #          the table given as TABLE (default: the committed one), bounded by BENCH_SECONDS
 #          (KERNELS=a,b,... or a group name gemm|memory|attention for some launches only).
@@ -37,7 +38,7 @@ sweep)
     | grep -v '━' | tail -50 | tee -a "$out/log.txt"
   python -m tuner.cli --db "sqlite:///$db" sweep list 2>&1 | tail -45 | tee -a "$out/log.txt"
   step "export"
-  python -m tuner.cli --db "sqlite:///$db" export --arch sm_90 --out "$out" 2>&1 | tail -3 | tee -a "$out/log.txt"
+  python -m tuner.cli --db "sqlite:///$db" export --arch sm_90 --out "$out" ${EXPORT_ARGS:-} 2>&1 | tail -3 | tee -a "$out/log.txt"
   cp "$db" "$out/h200.db"
   ;;
 bench)
