@@ -88,7 +88,7 @@ def test_every_gradient_element_is_written(monkeypatch):
 FWD_CONFIGS = [
     {"BLOCK_G": 1, "BLOCK_D": 16, "num_warps": 1, "num_stages": 1},  # ragged channel blocks
     {"BLOCK_G": 4, "BLOCK_D": 16, "num_warps": 2, "num_stages": 1},  # entries of both batch elements
-    {"BLOCK_G": 8, "BLOCK_D": 64, "num_warps": 4, "num_stages": 1},  # wider than d = 40
+    {"BLOCK_G": 8, "BLOCK_D": 64, "num_warps": 8, "num_stages": 1},  # wider than d = 40
 ]
 BWD_CONFIGS = [
     # One program walks every entry (one dape partial), and its atomic twin.

@@ -86,10 +86,11 @@ def test_faulty_configs_are_recorded_and_the_sweep_completes(tmp_path, db_url):
     config, source = json.loads(lookup.stdout)
     assert source == "table" and config == winners[0].config
 
-    # The same spec again: every measured identity is answered from the database.
+    # The same spec again: the times are answered from the database; the crash, the hang and the
+    # wrong output (the machine's state, or the tolerance, may have changed) are measured again.
     tuner("sweep", "run", str(spec), db=db_url)
     again = trials_of(db_url, 2)
-    assert all("reused_from" in r.metrics for r in again if r.status != "pruned")
+    assert {r.config["MODE"] for r in again if "reused_from" in r.metrics} == {"ok"}
     assert Counter(r.status for r in again) == Counter(r.status for r in rows)
 
     # A budget of one trial measures the kernel's heuristic default (random would pick it 1 time in 8).

@@ -40,7 +40,10 @@ HEARTBEAT_EVERY_S = 5.0
 # Compile workers hold a copy of the inputs on the GPU; all of them together may use this
 # share of its memory, else the benchmarking children compile for themselves.
 COMPILE_MEMORY_SHARE = 0.25
-MEASURED = [s.value for s in TrialStatus if s is not TrialStatus.pruned]
+# Verdicts another sweep may reuse: a time, and a compiler's refusal, are fixed by the identity.
+# A wrong output depends on the tolerance, and a crash, a timeout or an out-of-memory compile
+# can be the machine's state rather than the config's, so those are measured again.
+REUSABLE = (TrialStatus.ok.value, TrialStatus.compile_error.value)
 ProgressFn = Callable[[str, int, int, float | None], None]
 
 
@@ -267,7 +270,9 @@ class SweepRunner:
         """Answer a proposal from an earlier measurement of the same identity; True if one existed."""
         with session_scope(self.engine) as session:
             previous = session.scalars(
-                select(Trial).where(Trial.identity == identity, Trial.status.in_(MEASURED)).order_by(Trial.id).limit(1)
+                select(Trial).where(Trial.identity == identity, Trial.status.in_(REUSABLE),
+                                    Trial.error.is_(None) | Trial.error.not_like("%OutOfMemoryError%"))
+                .order_by(Trial.id).limit(1)
             ).first()
             if previous is None:
                 return False

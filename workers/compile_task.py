@@ -4,6 +4,11 @@ The task compiles one config into the shared Triton cache (``TRITON_CACHE_DIR``)
 launching it; the GPU worker's child then finds the binary in the cache. Triton needs the
 driver to know its target, so the task keeps the host's GPUs visible
 (``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0`` in the pool's runtime env) but launches nothing.
+
+The task does allocate its problem's tensors on that GPU, which the benchmarking child shares:
+it hands its allocator's cache back after every config (a full-size attention backward sizes
+buffers of up to 10 GiB), and a config that finds the GPU full is left for the child to compile
+on its first launch rather than recorded as a compile error.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import traceback
 from typing import Any
 
 import ray
+import torch
 
 from kernels import registry
 from kernels.arch import kernel_device
@@ -27,13 +33,18 @@ def compile_config(kernel_name: str, shape: dict[str, int], config: dict[str, An
     if kernel.compile is None:
         return {"status": "ok"}
     key = (kernel_name, kernel.shape_key(shape))
-    if key not in _inputs:
-        _inputs.clear()
-        _inputs[key] = kernel.make_inputs(shape, kernel_device(), 0)
     try:
+        if key not in _inputs:
+            _inputs.clear()
+            _inputs[key] = kernel.make_inputs(shape, kernel_device(), 0)
         kernel.compile(_inputs[key], config)
+    except torch.OutOfMemoryError:
+        return {"status": "ok"}  # not the config's fault; the child compiles it when it launches
     except Exception as exc:  # noqa: BLE001 - every compiler failure is a result, not a fault
         return {"status": "compile_error", "error": "".join(traceback.format_exception_only(exc))[-4000:]}
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return {"status": "ok"}
 
 
