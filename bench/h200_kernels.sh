@@ -5,7 +5,8 @@
 #   parity: the parity tests of TESTS (default: the block kernels') on the GPU (at most
 #           PARITY_SECONDS);
 #   sweep: the sweeps of bench/sweep_specs.py through the service on all GPUs (bounded by
-#          SWEEP_SECONDS; GROUP=gemm|memory|attention for one group), then the sm_90 export
+#          SWEEP_SECONDS; GROUP=gemm|memory|attention for one group, SPECS=GLOB for some of
+#          its spec files, e.g. '02-*'), then the sm_90 export
 #          (EXPORT_ARGS: e.g. --skip-kernel K for launches whose sweeps are stale);
 #   bench: tuned vs default vs eager (and the expert GEMMs' peers) at every preset shape, with
 #          the table given as TABLE (default: the committed one), bounded by BENCH_SECONDS
@@ -32,7 +33,7 @@ parity)
 sweep)
   step "queue the sweeps"
   python bench/sweep_specs.py /tmp/specs ${GROUP:-} | tee -a "$out/log.txt"
-  python -m tuner.cli --db "sqlite:///$db" sweep queue /tmp/specs/*.yaml 2>&1 | tr "\n" " " | tee -a "$out/log.txt"; echo
+  python -m tuner.cli --db "sqlite:///$db" sweep queue /tmp/specs/${SPECS:-*}.yaml 2>&1 | tr "\n" " " | tee -a "$out/log.txt"; echo
   step "run them on every GPU (at most ${SWEEP_SECONDS:=400} s; finished trials are kept either way)"
   timeout -s INT "$SWEEP_SECONDS" python -m tuner.cli --db "sqlite:///$db" serve --drain 2>&1 \
     | grep -v '━' | tail -50 | tee -a "$out/log.txt"

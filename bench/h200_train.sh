@@ -28,7 +28,7 @@ run() {  # name, then tuner arguments; a failed run (OOM, error) is stored and t
 
 for phase in "$@"; do case "$phase" in
 1gpu)
-  for recompute in none 'selective:attn_core,mhc' 0-8; do
+  for recompute in none 0-8 'selective:attn_core,mhc'; do
     run "1gpu-triton-${recompute//[^a-z0-9-]/_}" train run "${COMMON[@]}" --gbs 8 --world 1 --recompute "$recompute" --kernels triton
   done
   run 1gpu-eager-none train run "${COMMON[@]}" --gbs 8 --world 1 --recompute none --kernels eager

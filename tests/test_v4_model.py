@@ -18,7 +18,7 @@ from v4.data import MarkovTokens
 from v4.flops import Flops, layer_flops, model_flops
 from v4.memory import SavedActivations
 from v4.model import build_layer
-from v4.optim import BYTES_PER_PARAM, MixedPrecisionAdamW, clip_coefficient
+from v4.optim import BYTES_PER_PARAM, MixedPrecisionAdamW, clip_coefficient, _accumulate
 from v4.recompute import RecomputeError, RecomputePlan
 from v4.stages import build_stage, stage_io
 
@@ -345,6 +345,20 @@ def test_optimizer_keeps_18_bytes_a_parameter_and_matches_adamw() -> None:
             assert torch.equal(p.detach(), master.view_as(p).to(torch.bfloat16))
     assert clip_coefficient(16.0, 2.0) == pytest.approx(0.5, rel=1e-5)
     assert clip_coefficient(1.0, 2.0) == clip_coefficient(1e9, None) == 1.0
+
+
+def test_gradient_hook_skips_weights_whose_kernel_wrote_main_grad() -> None:
+    # torch 2.11 calls the post-accumulate hook with no .grad for a weight whose autograd Function
+    # returned None because the kernel added its gradient into main_grad itself (the expert dW).
+    weight = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
+    MixedPrecisionAdamW([weight], lr=1e-2)
+    weight.main_grad.fill_(2.0)
+    weight.grad = None
+    _accumulate(weight)
+    assert torch.equal(weight.main_grad, torch.full((3,), 2.0))
+    weight.grad = torch.ones(3, dtype=torch.bfloat16)
+    _accumulate(weight)
+    assert weight.grad is None and torch.equal(weight.main_grad, torch.full((3,), 3.0))
 
 
 def test_markov_tokens_are_seeded_and_follow_the_chain() -> None:

@@ -108,6 +108,11 @@ class MixedPrecisionAdamW:
 
 
 def _accumulate(p: nn.Parameter) -> None:
-    """Post-accumulate-grad hook: move the fresh ``.grad`` into the fp32 main gradient."""
-    p.main_grad.add_(p.grad)
-    p.grad = None
+    """Post-accumulate-grad hook: move the fresh ``.grad`` into the fp32 main gradient.
+
+    The hook also fires, with no ``.grad``, for the expert weights whose gradient the Triton
+    kernels already added into ``main_grad`` (torch 2.11 on the H200 calls it; 2.13 on CPU not).
+    """
+    if p.grad is not None:
+        p.main_grad.add_(p.grad)
+        p.grad = None

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One nvidia-h200-x2 device call for the attention kernels, the training runs and the planner's
+# validation, in two time-bounded phases (the device call is capped at 10 minutes):
+#   1. in parallel:
+#      GPU 0: the sparse-attention backward grid at the Flash CSA shape again (its first run lost
+#             configs to a GPU that the compile workers had filled), the sm_90 export, then the
+#             attention benchmark (tuned vs default vs eager) with that table;
+#      GPU 1: proxy-8l trained whole on one GPU with the Triton kernels under three recompute
+#             plans, then the V4-Flash full-width layer profiles (bench/h200_train.sh);
+#   2. `tuner plan validate` at PP=2 on both GPUs, then the exhaustive plan space as far as time
+#      allows (bench/h200_plan_validate.sh).
+# Work happens under /tmp/w; everything is packed into $OUT/results.tgz (the device tool returns a
+# limited number of files). Phase limits (s): LANE_SECONDS, VALIDATE_SECONDS.
+# Usage (device tool): source .gpubundle/install.sh && bash bench/h200_attention_train_validate.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:?set OUT to a writable folder}
+W=/tmp/w
+mkdir -p "$W/attn" "$W/train" "$W/pv"
+export PY=${PY:-python} ITERS=${ITERS:-5} WARMUP=${WARMUP:-2}
+pack() { tar -czf "$OUT/results.tgz" -C "$W" . && echo "packed $(du -h "$OUT/results.tgz" | cut -f1)"; }
+trap pack EXIT
+lane=${LANE_SECONDS:-240}
+
+(
+  export CUDA_VISIBLE_DEVICES=0 OUT=$W/attn GROUP=attention SPECS='02-*' KERNELS=attention TABLE=$W/attn/sm_90.json
+  export SWEEP_SECONDS=$((lane * 50 / 100)) BENCH_SECONDS=$((lane * 40 / 100))
+  export EXPORT_ARGS="--skip-kernel expert_up_fwd --skip-kernel expert_down_fwd --skip-kernel expert_up_bwd_dx --skip-kernel expert_down_bwd_dw"
+  timeout -s INT "$lane" bash bench/h200_kernels.sh sweep bench >"$W/attn/lane.log" 2>&1
+) &
+(
+  export CUDA_VISIBLE_DEVICES=1 OUT=$W/train
+  timeout -s INT "$lane" bash bench/h200_train.sh 1gpu profile >"$W/train/lane.log" 2>&1
+) &
+wait
+echo "== phase 1 done $(date -u +%T)"; tail -3 "$W/attn/log.txt"; cat "$W/train/logs/summary.log"
+
+OUT=$W/pv TOP=3 timeout -s INT "${VALIDATE_SECONDS:-280}" bash bench/h200_plan_validate.sh >"$W/pv/lane.log" 2>&1
+echo "== phase 2 done $(date -u +%T)"; cat "$W/pv/logs/summary.log"
