@@ -9,8 +9,12 @@
 #             plans, then the V4-Flash full-width layer profiles (bench/h200_train.sh);
 #   2. `tuner plan validate` at PP=2 on both GPUs, then the exhaustive plan space as far as time
 #      allows (bench/h200_plan_validate.sh).
-# Work happens under /tmp/w; everything is packed into $OUT/results.tgz (the device tool returns a
-# limited number of files). Phase limits (s): LANE_SECONDS, VALIDATE_SECONDS.
+# Work happens under /tmp/w; everything is packed into $OUT/results.tgz after each phase (the
+# device tool returns a limited number of files). Phase limits (s): LANE_SECONDS, VALIDATE_SECONDS;
+# every `timeout` also kills 15 s after its interrupt, since a process that handles the interrupt
+# slowly (a Ray shutdown) otherwise holds the phase past its limit. Keep the two limits 60 s under
+# the device call's own: the 2026-11-30 run of this script lost everything to an over-run that
+# killed the packing.
 # Usage (device tool): source .gpubundle/install.sh && bash bench/h200_attention_train_validate.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +22,7 @@ OUT=${OUT:?set OUT to a writable folder}
 W=/tmp/w
 mkdir -p "$W/attn" "$W/train" "$W/pv"
 export PY=${PY:-python} ITERS=${ITERS:-5} WARMUP=${WARMUP:-2}
-pack() { tar -czf "$OUT/results.tgz" -C "$W" . && echo "packed $(du -h "$OUT/results.tgz" | cut -f1)"; }
+pack() { tar -czf "$OUT/.results.tgz" -C "$W" . && mv "$OUT/.results.tgz" "$OUT/results.tgz" && echo "packed $(du -h "$OUT/results.tgz" | cut -f1)"; }
 trap pack EXIT
 lane=${LANE_SECONDS:-240}
 
@@ -26,14 +30,15 @@ lane=${LANE_SECONDS:-240}
   export CUDA_VISIBLE_DEVICES=0 OUT=$W/attn GROUP=attention SPECS='02-*' KERNELS=attention TABLE=$W/attn/sm_90.json
   export SWEEP_SECONDS=$((lane * 50 / 100)) BENCH_SECONDS=$((lane * 40 / 100))
   export EXPORT_ARGS="--skip-kernel expert_up_fwd --skip-kernel expert_down_fwd --skip-kernel expert_up_bwd_dx --skip-kernel expert_down_bwd_dw"
-  timeout -s INT "$lane" bash bench/h200_kernels.sh sweep bench >"$W/attn/lane.log" 2>&1
+  timeout -k 15 -s INT "$lane" bash bench/h200_kernels.sh sweep bench >"$W/attn/lane.log" 2>&1
 ) &
 (
   export CUDA_VISIBLE_DEVICES=1 OUT=$W/train
-  timeout -s INT "$lane" bash bench/h200_train.sh 1gpu profile >"$W/train/lane.log" 2>&1
+  timeout -k 15 -s INT "$lane" bash bench/h200_train.sh 1gpu profile >"$W/train/lane.log" 2>&1
 ) &
 wait
+pack
 echo "== phase 1 done $(date -u +%T)"; tail -3 "$W/attn/log.txt"; cat "$W/train/logs/summary.log"
 
-OUT=$W/pv TOP=3 timeout -s INT "${VALIDATE_SECONDS:-280}" bash bench/h200_plan_validate.sh >"$W/pv/lane.log" 2>&1
+OUT=$W/pv TOP=3 timeout -k 15 -s INT "${VALIDATE_SECONDS:-280}" bash bench/h200_plan_validate.sh >"$W/pv/lane.log" 2>&1
 echo "== phase 2 done $(date -u +%T)"; cat "$W/pv/logs/summary.log"

@@ -27,7 +27,7 @@ memory_bound=mhc_glue_fwd,mhc_glue_bwd,mhc_collapse_fwd,mhc_collapse_bwd,mhc_exp
 for phase in "$@"; do case "$phase" in
 parity)
   step "parity tests of the block kernels on the GPU"
-  timeout -s INT "${PARITY_SECONDS:-900}" python -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_mhc.py tests/test_rope.py tests/test_router.py \
+  timeout -k 15 -s INT "${PARITY_SECONDS:-900}" python -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_mhc.py tests/test_rope.py tests/test_router.py \
     tests/test_grouped_gemm.py} 2>&1 | tee "$out/parity.log" | tail -8 | tee -a "$out/log.txt"
   ;;
 sweep)
@@ -35,7 +35,7 @@ sweep)
   python bench/sweep_specs.py /tmp/specs ${GROUP:-} | tee -a "$out/log.txt"
   python -m tuner.cli --db "sqlite:///$db" sweep queue /tmp/specs/${SPECS:-*}.yaml 2>&1 | tr "\n" " " | tee -a "$out/log.txt"; echo
   step "run them on every GPU (at most ${SWEEP_SECONDS:=400} s; finished trials are kept either way)"
-  timeout -s INT "$SWEEP_SECONDS" python -m tuner.cli --db "sqlite:///$db" serve --drain 2>&1 \
+  timeout -k 15 -s INT "$SWEEP_SECONDS" python -m tuner.cli --db "sqlite:///$db" serve --drain 2>&1 \
     | grep -v '━' | tail -50 | tee -a "$out/log.txt"
   python -m tuner.cli --db "sqlite:///$db" sweep list 2>&1 | tail -45 | tee -a "$out/log.txt"
   step "export"
@@ -48,7 +48,7 @@ bench)
     attention) kernels=$attention ;; *) kernels=$KERNELS ;;
   esac
   step "tuned vs default vs eager (vs peers)"
-  timeout -s INT "${BENCH_SECONDS:-500}" python bench/kernels_h200.py "${TABLE:-kernels/tables/sm_90.json}" "$out/kernels.json" \
+  timeout -k 15 -s INT "${BENCH_SECONDS:-500}" python bench/kernels_h200.py "${TABLE:-kernels/tables/sm_90.json}" "$out/kernels.json" \
     "$kernels" \
     v4-flash,v4-pro 2>&1 | grep -v '^{' | tail -150 | tee -a "$out/log.txt"
   ;;
