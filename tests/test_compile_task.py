@@ -28,7 +28,7 @@ def _kernel(fault: BaseException | None) -> SimpleNamespace:
 def test_compile_reports_the_configs_own_failures_only(monkeypatch, fault, status):
     monkeypatch.setattr(compile_task.registry, "get", lambda name: _kernel(fault))
     compile_task._inputs.clear()
-    result = compile_task.compile_config._function("probe", {"n": 3}, {"BLOCK": 3})
+    result = compile_task.compile_one("probe", {"n": 3}, {"BLOCK": 3})
     assert result["status"] == status
     if status == "compile_error":
         assert "BLOCK must be a power of two" in result["error"]

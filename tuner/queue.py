@@ -87,21 +87,28 @@ def finish(engine: Engine, job_id: int, owner: str, status: SweepStatus | TrainS
         ).rowcount == 1
 
 
+def _stored(session: Any, job_id: int, job: Job, not_found: type[LookupError] | None) -> Any:
+    row = session.get(job, job_id)
+    if row is None:
+        raise (not_found or SweepNotFound)(f"no {'sweep' if job is Sweep else 'training run'} with id {job_id}")
+    return row
+
+
 def cancel(engine: Engine, job_id: int, job: Job = Sweep, not_found: type[LookupError] | None = None) -> str:
     """Cancel a queued or running job (a running one stops at its next heartbeat); the status it ends with."""
     with session_scope(engine) as session:
-        row = session.get(job, job_id)
-        if row is None:
-            raise (not_found or SweepNotFound)(f"no {'sweep' if job is Sweep else 'training run'} with id {job_id}")
+        row = _stored(session, job_id, job, not_found)
         if row.status in (QUEUED, RUNNING):
             row.status = CANCELLED
             row.finished_at = utcnow()
         return row.status
 
 
-def get_sweep(engine: Engine, sweep_id: int) -> Sweep:
+def get(engine: Engine, job_id: int, job: Job = Sweep, not_found: type[LookupError] | None = None) -> Any:
+    """The stored job (detached); ``not_found`` (default ``SweepNotFound``) when there is none."""
     with session_scope(engine) as session:
-        sweep = session.get(Sweep, sweep_id)
-        if sweep is None:
-            raise SweepNotFound(f"no sweep with id {sweep_id}")
-        return sweep
+        return _stored(session, job_id, job, not_found)
+
+
+def get_sweep(engine: Engine, sweep_id: int) -> Sweep:
+    return get(engine, sweep_id)

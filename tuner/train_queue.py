@@ -135,11 +135,7 @@ def cancel(engine: Engine, run_id: int) -> str:
 
 
 def get_run(engine: Engine, run_id: int) -> TrainRun:
-    with session_scope(engine) as session:
-        row = session.get(TrainRun, run_id)
-        if row is None:
-            raise TrainRunNotFound(f"no training run with id {run_id}")
-        return row
+    return queue.get(engine, run_id, job=TrainRun, not_found=TrainRunNotFound)
 
 
 def list_runs(engine: Engine) -> list[TrainRun]:
