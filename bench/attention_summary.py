@@ -28,8 +28,8 @@ def _cell(row: dict, variant: str) -> str:
     return f"{ms:.3f} \\| {tflops:.0f}" if ms is not None and tflops is not None else "-"
 
 
-def attention_table(rows: list[dict]) -> tuple[list[str], list[float]]:
-    """Table lines and the swept/default speedups of every cell that has a swept config."""
+def attention_table(rows: list[dict]) -> tuple[list[str], dict[int, list[float]]]:
+    """Table lines and, per sequence length, the swept/default speedups of the cells with a swept config."""
     by_shape: dict[tuple, dict[str, dict]] = {}
     for r in rows:
         if r["kernel"] in ("sparse_attn_fwd", "sparse_attn_bwd"):
@@ -38,7 +38,7 @@ def attention_table(rows: list[dict]) -> tuple[list[str], list[float]]:
             by_shape.setdefault(key, {})["fwd" if r["kernel"].endswith("fwd") else "bwd"] = r
     lines = ["| model | layer | seq | fwd default | fwd swept | fwd eager | fwd x | bwd default | bwd swept "
              "| bwd eager | bwd x |", "|" + "---|" * 11]
-    speedups = []
+    speedups: dict[int, list[float]] = {}
     for (preset, layer, seq), directions in sorted(by_shape.items()):
         cells = []
         for direction in ("fwd", "bwd"):
@@ -48,10 +48,14 @@ def attention_table(rows: list[dict]) -> tuple[list[str], list[float]]:
                 continue
             x = r["ms"]["default"] / r["ms"]["tuned"] if "tuned" in r["ms"] else None
             if x is not None:
-                speedups.append(x)
+                speedups.setdefault(seq, []).append(x)
             cells += [_cell(r, "default"), _cell(r, "tuned"), _cell(r, "eager"), f"{x:.2f}" if x else "-"]
         lines.append(f"| {preset} | {layer} | {seq} | " + " | ".join(cells) + " |")
     return lines, speedups
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values))
 
 
 def floor_table(rows: list[dict], copy_gbps: float, gemm_tflops: float) -> list[str]:
@@ -78,9 +82,11 @@ def main() -> None:
     lines, speedups = attention_table(report["rows"])
     print("### Sparse attention (`ms | TFLOP/s`)\n")
     print("\n".join(lines))
-    if speedups:
-        geomean = math.exp(sum(map(math.log, speedups)) / len(speedups))
-        print(f"\nSwept over default, geometric mean over {len(speedups)} cells: {geomean:.3f}x.")
+    every = [x for xs in speedups.values() for x in xs]
+    if every:
+        print(f"\nSwept over default, geometric mean over {len(every)} cells: {_geomean(every):.3f}x", end="")
+        print("".join(f"; at sequence {seq}, over {len(xs)} cells: {_geomean(xs):.3f}x"
+                      for seq, xs in sorted(speedups.items())) + ".")
     print("\n### Compressor and indexer against their floor\n")
     print("\n".join(floor_table(report["rows"], report["copy_gbps"], args.gemm_tflops)))
 
