@@ -25,6 +25,7 @@ from typing import Any
 import optuna
 import ray
 from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session
 
 from db import Sweep, SweepStatus, Trial, TrialStatus, session_scope
 from db.models import utcnow
@@ -45,6 +46,15 @@ COMPILE_MEMORY_SHARE = 0.25
 # can be the machine's state rather than the config's, so those are measured again.
 REUSABLE = (TrialStatus.ok.value, TrialStatus.compile_error.value)
 ProgressFn = Callable[[str, int, int, float | None], None]
+
+
+def reusable_trial(session: Session, identity: str) -> Trial | None:
+    """The first stored trial of ``identity`` whose verdict another sweep may take (see ``REUSABLE``)."""
+    return session.scalars(
+        select(Trial).where(Trial.identity == identity, Trial.status.in_(REUSABLE),
+                            Trial.error.is_(None) | Trial.error.not_like("%OutOfMemoryError%"))
+        .order_by(Trial.id).limit(1)
+    ).first()
 
 
 @dataclass
@@ -269,11 +279,7 @@ class SweepRunner:
     def _reuse(self, state: ShapeState, proposal: Proposal, identity: str) -> bool:
         """Answer a proposal from an earlier measurement of the same identity; True if one existed."""
         with session_scope(self.engine) as session:
-            previous = session.scalars(
-                select(Trial).where(Trial.identity == identity, Trial.status.in_(REUSABLE),
-                                    Trial.error.is_(None) | Trial.error.not_like("%OutOfMemoryError%"))
-                .order_by(Trial.id).limit(1)
-            ).first()
+            previous = reusable_trial(session, identity)
             if previous is None:
                 return False
             if previous.sweep_id != self.sweep_id:
