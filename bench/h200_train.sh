@@ -9,6 +9,8 @@
 #   dump:    the runs and profiles of the DB as JSON.
 # Everything lands in a SQLite file under $OUT, plus per-command logs.
 # Usage: OUT=/some/dir bash bench/h200_train.sh 1gpu pp2 profile dump   (ITERS, WARMUP: iterations)
+# Subsets (env): RECOMPUTES (1gpu plans, space-separated), EAGER=0 (no eager 1gpu run),
+# PROFILE_KERNELS (triton and/or eager), PROFILE_PROXY=0 (no proxy-8l profile).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a writable folder}
@@ -28,10 +30,10 @@ run() {  # name, then tuner arguments; a failed run (OOM, error) is stored and t
 
 for phase in "$@"; do case "$phase" in
 1gpu)
-  for recompute in none 0-8 'selective:attn_core,mhc'; do
+  for recompute in ${RECOMPUTES:-none 0-8 selective:attn_core,mhc}; do
     run "1gpu-triton-${recompute//[^a-z0-9-]/_}" train run "${COMMON[@]}" --gbs 8 --world 1 --recompute "$recompute" --kernels triton
   done
-  run 1gpu-eager-none train run "${COMMON[@]}" --gbs 8 --world 1 --recompute none --kernels eager
+  [ "${EAGER:-1}" = 1 ] && run 1gpu-eager-none train run "${COMMON[@]}" --gbs 8 --world 1 --recompute none --kernels eager
   ;;
 pp2)
   [ "$GPUS" -ge 2 ] || { echo "pp2 needs 2 GPUs, this host has $GPUS" | tee -a "$OUT/logs/summary.log"; continue; }
@@ -44,10 +46,10 @@ pp2)
   run pp2-interleaved train run "${COMMON[@]}" --gbs 8 --world 2 --pp 2 --layout 'Et*2|t*2|t*2|t*2mL' --kernels triton
   ;;
 profile)
-  for kernels in triton eager; do
+  for kernels in ${PROFILE_KERNELS:-triton eager}; do
     run "profile-v4-flash-$kernels" profile layers --model v4-flash --seq 4096 --mbs 1 --ep 8 --device cuda --kernels "$kernels"
   done
-  run profile-proxy-8l profile layers --model proxy-8l --seq 4096 --mbs 1 --ep 1 --device cuda --kernels triton
+  [ "${PROFILE_PROXY:-1}" = 1 ] && run profile-proxy-8l profile layers --model proxy-8l --seq 4096 --mbs 1 --ep 1 --device cuda --kernels triton
   ;;
 dump)
 $PY -m tuner.cli train list >"$OUT/logs/train-list.log" 2>&1
