@@ -32,6 +32,7 @@ parity)
   ;;
 sweep)
   step "queue the sweeps"
+  rm -rf /tmp/specs  # a warm host keeps the specs of an earlier call
   python bench/sweep_specs.py /tmp/specs ${GROUP:-} | tee -a "$out/log.txt"
   python -m tuner.cli --db "sqlite:///$db" sweep queue /tmp/specs/${SPECS:-*}.yaml 2>&1 | tr "\n" " " | tee -a "$out/log.txt"; echo
   step "run them on every GPU (at most ${SWEEP_SECONDS:=400} s; finished trials are kept either way)"

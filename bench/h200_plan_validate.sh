@@ -10,7 +10,8 @@
 #      every run, and where the planner's pick landed.
 # Everything lands under $OUT: the SQLite DB, logs/, validate-TAG.json/.html, space-TAG.tsv/.json.
 # Usage: OUT=/dir bash bench/h200_plan_validate.sh
-# Knobs (env): MODEL PP NGPUS GBS SEQ MBS TOP ITERS WARMUP DEVICE KERNELS SPACE(=1 runs step 2).
+# Knobs (env): MODEL PP NGPUS GBS SEQ MBS TOP ITERS WARMUP DEVICE KERNELS SPACE(=1 runs step 2)
+# VALIDATE(=0 skips step 1: to finish the space of an earlier call, with its TUNER_DB_URL).
 # CPU dry run (what the author ran by hand):
 #   OUT=/tmp/dry MODEL=tiny SEQ=64 GBS=4 ITERS=3 WARMUP=1 DEVICE=cpu KERNELS=eager bash bench/h200_plan_validate.sh
 set -uo pipefail
@@ -31,6 +32,7 @@ step() {  # name, then a command; failures are logged and the script goes on
   echo "   exit $?" | tee -a "$OUT/logs/summary.log"
 }
 
+if [ "${VALIDATE:-1}" = 1 ]; then
 echo "== validate-$TAG" | tee -a "$OUT/logs/summary.log"
 $PY -m tuner.cli plan validate --model "$MODEL" --gpus "$NGPUS" --pp "$PP" --gbs "$GBS" --mbs "$MBS" --seq "$SEQ" \
   --top "$TOP" --iters "$ITERS" --warmup "$WARMUP" --device "$DEVICE" --kernels "$KERNELS" --profile --json \
@@ -47,6 +49,7 @@ for c in data["candidates"]:
 print("median |error| step", data["median_abs_time_error"], "memory", data["median_abs_memory_error"],
       "pick vs best", data["pick_vs_best"], "pick vs baseline", data["pick_speedup_vs_baseline"])
 PY
+fi
 
 if [ "$SPACE" = 1 ] && [ "$NGPUS" = "$PP" ]; then
   $PY bench/plan_validate_space.py space "$MODEL" "$PP" >"$OUT/space-$TAG.tsv"
