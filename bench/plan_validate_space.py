@@ -6,15 +6,18 @@ recompute, full recompute of every layer, and full recompute of the first stage'
 plans that already have a finished run at PP in ``TUNER_DB_URL`` (the validation's candidates) are
 left out, so that a device session runs each plan once.
 
-``summary``: for every stored training run of MODEL at PP (``TUNER_DB_URL``), its step and memory
-per rank predicted under the newest validation's calibrations (before and after the refit) next
-to what it measured; the planner's pick (newest validation) ranked among all measured runs.
+``summary``: for every stored training run of MODEL at PP (``TUNER_DB_URL``; the validation's
+interleaved candidates included), its step and memory per rank predicted under the newest
+validation's calibrations (before and after the refit) next to what it measured, the median
+errors over all runs and over those the refit did not see; the planner's pick (newest
+validation) ranked among all measured runs.
 Prints a table and writes JSON to the given path.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from typing import Any
 
@@ -28,7 +31,7 @@ from tuner.planner.costs import Calibration
 from tuner.planner.iteration import Plan, predict
 from tuner.planner.layout import even_layout, format_layout, parse_layout
 from tuner.planner.request import PlanRequest, plan_request
-from tuner.planner.validate import PICK, baseline_model, measured
+from tuner.planner.validate import PICK, measured, model_at_vpp
 from v4.config import load_preset
 from v4.recompute import RecomputePlan
 
@@ -67,6 +70,22 @@ def _recomputed(recompute: str) -> tuple[int, ...]:
     return tuple(sorted(RecomputePlan.parse(recompute).full_layers))
 
 
+def _median_abs(errors: list[float]) -> float | None:
+    return statistics.median(abs(e) for e in errors) if errors else None
+
+
+def _errors(rows: list[dict], key: str) -> dict[str, float | None]:
+    """Median |predicted/measured - 1| of step and per-rank memory, over every ok run and over the runs
+    the refit did not see (the space's), for the predictions under ``key`` (predicted or refit)."""
+    out: dict[str, float | None] = {}
+    for scope, chosen in (("all", rows), ("outside_refit", [r for r in rows if r["candidate"] is None])):
+        ok = [r for r in chosen if r["status"] == "ok"]
+        out[f"step_{scope}"] = _median_abs([r[f"{key}_ms"] / r["measured_ms"] - 1 for r in ok])
+        out[f"memory_{scope}"] = _median_abs([p / m - 1 for r in ok
+                                              for p, m in zip(r[f"{key}_bytes"], r["measured_bytes"])])
+    return out
+
+
 def summary(path: str) -> None:
     engine = open_database()
     with session_scope(engine) as session:
@@ -78,20 +97,21 @@ def summary(path: str) -> None:
         runs = session.scalars(select(TrainRun).filter_by(preset=request.model, pp=request.pp)
                                .order_by(TrainRun.id)).all()
     outcome = plan_request(engine, request, before)
-    model = baseline_model(outcome.plans[0])
+    models = {}
     config = load_preset(request.model)
     rows: list[dict[str, Any]] = []
     for run in runs:
-        if run.layout is None or run.vpp != 1 or (run.dp or 1) * request.pp != request.gpus_per_node:
+        if run.layout is None or (run.dp or 1) * request.pp != request.gpus_per_node:
             continue
         layout = parse_layout(run.layout, config.layers, request.pp)
+        model = models.setdefault(layout.vpp, model_at_vpp(outcome.plans[0], layout.vpp))
         ids = _recomputed(run.recompute)
         plan = Plan(layout, ids, model, model.evaluate(layout, ids))
         m = measured(run)
         refit_ms, refit_bytes = predict(plan, after)
-        rows.append({"run_id": run.id, "layout": run.layout, "recompute": run.recompute, "status": m.status,
-                     "candidate": run.plan_candidate, "predicted_ms": plan.step_ms, "refit_ms": refit_ms,
-                     "measured_ms": m.step_ms, "predicted_bytes": list(plan.rank_bytes),
+        rows.append({"run_id": run.id, "layout": run.layout, "vpp": layout.vpp, "recompute": run.recompute,
+                     "status": m.status, "candidate": run.plan_candidate, "predicted_ms": plan.step_ms,
+                     "refit_ms": refit_ms, "measured_ms": m.step_ms, "predicted_bytes": list(plan.rank_bytes),
                      "refit_bytes": list(refit_bytes), "measured_bytes": list(m.stage_bytes or ())})
     ok = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["measured_ms"])
     pick_ms = pick["measured_step_ms"]
@@ -100,17 +120,23 @@ def summary(path: str) -> None:
                        "measured_ms": pick_ms},
               "measured_best": ok[0] if ok else None,
               "pick_rank": (1 + sum(r["measured_ms"] < pick_ms for r in ok)) if ok and pick_ms else None,
-              "pick_vs_best": pick_ms / ok[0]["measured_ms"] - 1 if ok and pick_ms else None}
+              "pick_vs_best": pick_ms / ok[0]["measured_ms"] - 1 if ok and pick_ms else None,
+              "median_abs_error": _errors(rows, "predicted"), "median_abs_error_refit": _errors(rows, "refit")}
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"{'layout':<28} {'recompute':<10} {'status':<6} {'pred ms':>9} {'refit ms':>9} {'meas ms':>9}  "
-          "GiB per rank: predicted/measured")
+    print(f"{'layout':<28} {'recompute':<10} {'candidate':<28} {'status':<6} {'pred ms':>9} {'refit ms':>9} "
+          f"{'meas ms':>9}  GiB per rank: predicted/refit/measured")
     for r in rows:
         meas = f"{r['measured_ms']:9.1f}" if r["measured_ms"] else f"{'-':>9}"
         got = r["measured_bytes"] or [float("nan")] * len(r["predicted_bytes"])
-        mem = " ".join(f"{p / 2**30:.3f}/{m / 2**30:.3f}" for p, m in zip(r["predicted_bytes"], got))
-        print(f"{r['layout']:<28} {r['recompute']:<10} {r['status']:<6} {r['predicted_ms']:9.1f} "
-              f"{r['refit_ms']:9.1f} {meas}  {mem}")
+        mem = " ".join(f"{p / 2**30:.1f}/{q / 2**30:.1f}/{m / 2**30:.1f}"
+                       for p, q, m, in zip(r["predicted_bytes"], r["refit_bytes"], got))
+        print(f"{r['layout']:<28} {r['recompute']:<10} {r['candidate'] or '-':<28} {r['status']:<6} "
+              f"{r['predicted_ms']:9.1f} {r['refit_ms']:9.1f} {meas}  {mem}")
+    for label, key in (("predicted", "median_abs_error"), ("refit", "median_abs_error_refit")):
+        e = result[key]
+        print(f"median |error| {label:<9}: step {e['step_all']:.1%} (outside the refit {e['step_outside_refit']:.1%}), "
+              f"memory per rank {e['memory_all']:.1%} (outside the refit {e['memory_outside_refit']:.1%})")
     if result["pick_rank"]:
         print(f"planner's pick {pick['layout']} recompute {pick['recompute_layer_ids']}: rank {result['pick_rank']} "
               f"of {len(ok)} measured, {result['pick_vs_best']:+.1%} vs the measured best {ok[0]['layout']} "

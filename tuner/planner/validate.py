@@ -101,14 +101,15 @@ class Fit:
             "fragmentation = a - 1, reserved_bytes = c")}
 
 
-def baseline_model(plan: Plan) -> IterationModel:
-    """The model of ``plan``'s pp with one virtual stage (the baselines' 1F1B), under the same calibration."""
+def model_at_vpp(plan: Plan, vpp: int) -> IterationModel:
+    """The model of ``plan``'s pp with ``vpp`` virtual stages, under the same calibration: prices
+    plans of another schedule (the baselines' 1F1B, a measured interleaved run) from the same profiles."""
     model = plan.model
-    if model.vpp == 1:
+    if model.vpp == vpp:
         return model
     if model.inputs is None or model.calibration is None:
-        raise ValueError("the plan's model was not built from profiles; cannot price the baselines")
-    parallelism = dataclasses.replace(model.inputs.parallelism, vpp=1)
+        raise ValueError("the plan's model was not built from profiles; cannot price other schedules")
+    parallelism = dataclasses.replace(model.inputs.parallelism, vpp=vpp)
     return IterationModel.from_profiles(dataclasses.replace(model.inputs, parallelism=parallelism), model.calibration)
 
 
@@ -124,7 +125,7 @@ def candidates(outcome: Outcome, top: int) -> list[Candidate]:
 
     for i, plan in enumerate(outcome.plans[:top]):
         add(PICK if i == 0 else f"runner-up {i}", plan)
-    model = baseline_model(outcome.plans[0])
+    model = model_at_vpp(outcome.plans[0], 1)
     layers = len(model.layers)
     layout = even_layout(layers - 1, model.pp, 1, 1)
     for role, ids in ((FULL_RECOMPUTE, tuple(range(layers))), (NO_RECOMPUTE, ())):
