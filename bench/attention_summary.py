@@ -67,9 +67,9 @@ def floor_table(rows: list[dict], copy_gbps: float, gemm_tflops: float) -> list[
         if r["flops"]:
             floor = max(floor, r["flops"] / (gemm_tflops * 1e12) * 1e3)
         ms = r["graph_ms"] or r["ms"]
-        best = ms.get("tuned", ms["default"])
-        lines.append(f"| {r['kernel']} | {r['shape']} | {floor:.4f} | {ms['default']:.4f} "
-                     f"| {ms.get('tuned', float('nan')):.4f} | {best / floor:.2f} |")
+        swept = f"{ms['tuned']:.4f}" if "tuned" in ms else "-"
+        ratio = f"{ms['tuned'] / floor:.2f}" if "tuned" in ms else f"{ms['default'] / floor:.2f} (default)"
+        lines.append(f"| {r['kernel']} | {r['shape']} | {floor:.4f} | {ms['default']:.4f} | {swept} | {ratio} |")
     return lines
 
 
