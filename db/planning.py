@@ -39,6 +39,7 @@ class LayerProfile(Base):
     recompute_backward_ms: Mapped[float] = mapped_column(Float)  # backward including the recompute forward
     activation_bytes: Mapped[int] = mapped_column(BigInteger)
     recompute_kept_bytes: Mapped[int] = mapped_column(BigInteger)
+    selective_kept_bytes: Mapped[dict[str, int] | None] = mapped_column(JSON)  # per selective module alone
     params: Mapped[int] = mapped_column(BigInteger)  # held by one GPU: experts already divided by ep
     expert_params: Mapped[int | None] = mapped_column(BigInteger)  # of which expert weights (None: from the preset)
     optimizer_ms_per_param: Mapped[float | None] = mapped_column(Float)

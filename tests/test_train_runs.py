@@ -14,6 +14,7 @@ from db.planning import LayerProfile
 from db.training import TrainRun
 from tuner.cli import app
 from v4.config import layer_kind, load_preset
+from v4.recompute import SELECTIVE_MODULES
 from workers import train_runner
 
 RUN = ["--model", "tiny", "--layout", "Et*2|t*2mL", "--gbs", "4", "--seq", "64", "--world", "2", "--device", "cpu"]
@@ -113,6 +114,11 @@ def test_profile_layers_stores_one_row_per_kind(tmp_path) -> None:
         assert p.optimizer_ms_per_param > 0
         # the embedding saves only its token ids, which the checkpoint keeps too
         assert p.recompute_kept_bytes < p.activation_bytes or kind == "embedding"
+        if kind in ("embedding", "head"):
+            assert p.selective_kept_bytes is None
+        else:  # each selective module alone keeps less than the plain layer, more than its full recompute
+            assert set(p.selective_kept_bytes) == set(SELECTIVE_MODULES)
+            assert all(p.recompute_kept_bytes < b < p.activation_bytes for b in p.selective_kept_bytes.values())
     streams = 32 * 4 * config.hidden * 2
     assert profiles["window/hash"].p2p_bytes == streams and profiles["head"].p2p_bytes == 0
     layer = profiles["csa/learned"]

@@ -12,7 +12,8 @@ layer fits next to nothing else. Per piece, for one microbatch of ``mbs × seq``
   i.e. the recomputed forward plus the backward;
 * ``activation_bytes`` / ``recompute_kept_bytes``: bytes saved for backward
   (``v4.memory.SavedActivations``, weights and buffers left out) by a plain forward, and by the
-  checkpointed one (its inputs);
+  checkpointed one (its inputs); ``selective_kept_bytes``: for a decoder or MTP layer, the bytes
+  saved with each selective-recompute module (``v4.recompute.SELECTIVE_MODULES``) on alone;
 * ``params``: every parameter, frozen ones included (``expert_params`` of them the routed experts'
   weights, the part expert parallelism divides); ``optimizer_ms_per_param``: the median time
   of ``MixedPrecisionAdamW.step`` over the piece's trainable parameters, divided by their count;
@@ -49,7 +50,8 @@ from torch.utils.checkpoint import checkpoint
 from v4.config import STREAMS, ModelConfig, layer_kind
 from v4.memory import SavedActivations
 from v4.moe import MoE
-from v4.model import build_embedding, build_head, build_layer, to_streams
+from v4.model import Block, build_embedding, build_head, build_layer, set_selective, to_streams
+from v4.recompute import SELECTIVE_MODULES
 from v4.optim import MixedPrecisionAdamW
 
 
@@ -72,6 +74,7 @@ class LayerCost:
     optimizer_ms_per_param: float
     p2p_bytes: int
     alltoall_ms: float | None = None
+    selective_kept_bytes: dict[str, int] | None = None
 
 
 @dataclass
@@ -203,6 +206,16 @@ def _measure(piece: _Piece, device: torch.device, warmup: int, reps: int) -> Lay
         del outputs
         return kept
 
+    def selective_bytes() -> dict[str, int] | None:
+        if not any(isinstance(m, Block) for m in module.modules()):
+            return None
+        kept = {}
+        for name in SELECTIVE_MODULES:
+            set_selective(module, frozenset({name}))
+            kept[name] = saved_bytes(forward)
+        set_selective(module, frozenset())
+        return kept
+
     fwd, bwd = times(forward)
     _, recompute_bwd = times(recomputed)
     steps = [_timed(device, optimizer.step)[0] for _ in range(warmup + reps)][warmup:]
@@ -212,7 +225,8 @@ def _measure(piece: _Piece, device: torch.device, warmup: int, reps: int) -> Lay
         recompute_backward_ms=statistics.median(recompute_bwd), activation_bytes=saved_bytes(forward),
         recompute_kept_bytes=saved_bytes(recomputed), params=sum(p.numel() for p in params),
         expert_params=sum(m.w13.numel() + m.w2.numel() for m in module.modules() if isinstance(m, MoE)),
-        optimizer_ms_per_param=statistics.median(steps) / trainable, p2p_bytes=piece.p2p_bytes)
+        optimizer_ms_per_param=statistics.median(steps) / trainable, p2p_bytes=piece.p2p_bytes,
+        selective_kept_bytes=selective_bytes())
 
 
 def profile_layers(config: ModelConfig, seq: int, mbs: int = 1, ep: int = 1, kernels: str = "eager",

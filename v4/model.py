@@ -49,6 +49,16 @@ class Block(nn.Module):
         return self.moe_hc(h, lambda x: self.moe(x, token_ids))
 
 
+def set_selective(layer: nn.Module, selective: frozenset[str]) -> None:
+    """Switch the selective checkpoints of every block inside ``layer`` to ``selective``, in place:
+    the profiler measures each module's saving on the one full-width layer it has built."""
+    for block in layer.modules():
+        if isinstance(block, Block):
+            block.attn.recompute_core = "attn_core" in selective
+            block.moe.recompute_act = "moe_act" in selective
+            block.attn_hc.recompute = block.moe_hc.recompute = "mhc" in selective
+
+
 class Embedding(nn.Module):
     """Token ids ``[B,S]`` → ``[B,S,D]``; V4's MTP layer reuses the main embedding's weights."""
 

@@ -90,6 +90,7 @@ def store_profiles(engine: Engine, costs: Iterable[Measured], *, gpu_kind: str, 
             for name in _NUMBERS + ("optimizer_ms_per_param", "alltoall_ms"):
                 setattr(row, name, getattr(cost, name))
             row.expert_params = getattr(cost, "expert_params", None)
+            row.selective_kept_bytes = getattr(cost, "selective_kept_bytes", None)
             row.gpu_memory_bytes = gpu_memory_bytes
             row.toolchain = toolchain or {}
             row.created_at = utcnow()
