@@ -57,6 +57,28 @@ def test_newest_profile_wins_and_maps_every_layer(db_url: str) -> None:
     assert loaded.kernel_tables == "triton:sm_90:aaaaaaaaaaaa+triton:sm_90:bbbbbbbbbbbb"
 
 
+def test_costs_come_from_one_kernel_path_triton_first(db_url: str) -> None:
+    engine = open_database(db_url)
+    store_profiles(engine, [measured(k, forward=5.0) for k in FLASH_KINDS], kernel_tables="triton:sm_90:aaaaaaaaaaaa", **KEY)
+    store_profiles(engine, [measured(k, forward=8.0) for k in FLASH_KINDS], kernel_tables="eager", **KEY)  # newer
+    forward = lambda loaded: {l.forward_ms for l in loaded.costs.layers}  # noqa: E731
+    assert forward(load_costs(engine, "NVIDIA H200", "v4-flash", 4096, 1, 8)) == {5.0}
+    assert forward(load_costs(engine, "NVIDIA H200", "v4-flash", 4096, 1, 8, "eager")) == {8.0}
+    store_profiles(engine, [measured("mtp", forward=6.0)], kernel_tables="triton:sm_90:bbbbbbbbbbbb", **KEY)
+    assert forward(load_costs(engine, "NVIDIA H200", "v4-flash", 4096, 1, 8, "triton")) == {5.0, 6.0}
+    with pytest.raises(ValueError, match="kernels"):
+        load_costs(engine, "NVIDIA H200", "v4-flash", 4096, 1, 8, "cuda")
+
+
+def test_eager_rows_serve_when_triton_rows_do_not_cover_the_model(db_url: str) -> None:
+    engine = open_database(db_url)
+    store_profiles(engine, [measured(k, forward=8.0) for k in FLASH_KINDS], kernel_tables="eager", **KEY)
+    store_profiles(engine, [measured("mtp", forward=5.0)], kernel_tables="triton:sm_90:aaaaaaaaaaaa", **KEY)
+    assert {l.forward_ms for l in load_costs(engine, "NVIDIA H200", "v4-flash", 4096, 1, 8).costs.layers} == {8.0}
+    with pytest.raises(ProfilesMissing, match="triton kernels"):
+        load_costs(engine, "NVIDIA H200", "v4-flash", 4096, 1, 8, "triton")
+
+
 def test_recorded_expert_params_are_kept(db_url: str) -> None:
     engine = open_database(db_url)
     store_profiles(engine, [measured(k, expert=0 if k in ("embedding", "head") else 800_000_000) for k in FLASH_KINDS],

@@ -73,6 +73,8 @@ def plan(
     profiles_from: Annotated[Optional[str], typer.Option(help="plan from this GPU kind's profiles")] = None,
     scale_time: Annotated[Optional[float], typer.Option(help="with --profiles-from: multiply every time")] = None,
     flops_per_token: Annotated[Optional[float], typer.Option(help="model FLOPs per token (default: the preset's)")] = None,
+    kernels: Annotated[Optional[str], typer.Option(
+        help="plan from the profiles of this kernel path: triton or eager (default: Triton where profiled)")] = None,
 ) -> None:
     """Plan pipeline layout and recompute for MODEL on NODES x GPUS_PER_NODE GPUs."""
     if ctx.invoked_subcommand:
@@ -85,7 +87,7 @@ def plan(
         request = PlanRequest.parse(
             model=model, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, gbs=gbs, mbs=mbs, seq=seq, ep=ep,
             pp=_auto(pp, "pp"), vpp=_auto(vpp, "vpp"), top=top, profiles_from=profiles_from, scale_time=scale_time,
-            flops_per_token=flops_per_token)
+            flops_per_token=flops_per_token, kernels=kernels)
         root = ctx.find_root().params
         engine = open_database(root.get("db") or default_url())
         # The newest calibration `tuner plan validate` refitted on this GPU kind, else the defaults.

@@ -100,7 +100,8 @@ def plan_validate(
                     raise RequestError("warmup", f"must be >= 0 and below --iters {iters}, got {warmup}")
                 if gpus < 1:
                     raise RequestError("gpus", f"must be >= 1, got {gpus}")
-                fields = dict(model=model, nodes=1, gpus_per_node=gpus, gbs=gbs, mbs=mbs, seq=seq, ep=1, pp=pp, top=top)
+                fields = dict(model=model, nodes=1, gpus_per_node=gpus, gbs=gbs, mbs=mbs, seq=seq, ep=1, pp=pp, top=top,
+                              kernels=kernels)  # plan from the profiles of the kernels the runs use
                 # bad input fails before Ray starts
                 PlanRequest.parse(**fields, gpu="cpu" if device == "cpu" else gpu or "h200")
                 try:
@@ -120,7 +121,7 @@ def plan_validate(
                 if profile:
                     _profile(engine, model, seq, mbs, kernels, resolved)
                 try:
-                    load_costs(engine, gpu_kind(request.gpu).device_name, model, seq, mbs, 1)
+                    load_costs(engine, gpu_kind(request.gpu).device_name, model, seq, mbs, 1, kernels)
                 except ProfilesMissing as exc:
                     raise ProfilesMissing(
                         f"{str(exc).split(';')[0]}. Profile it first: tuner profile layers --model {model} "

@@ -137,12 +137,21 @@ def expert_params(config: ModelConfig, ep: int) -> int:
     return config.experts // ep * 3 * config.hidden * config.expert_ffn
 
 
-def newest_rows(engine: Engine, gpu_kind: str, model: str, seq: int, mbs: int, ep: int) -> dict[str, LayerProfile]:
-    """Per layer kind, the newest stored row for the key (any kernel tables)."""
+KERNEL_PATHS = ("triton", "eager")
+
+
+def kernel_path(kernel_tables: str) -> str:
+    """``eager`` for rows profiled on the eager path, else ``triton`` (``triton:ARCH:TABLE_HASH``)."""
+    return "eager" if kernel_tables == "eager" else "triton"
+
+
+def newest_rows(engine: Engine, gpu_kind: str, model: str, seq: int, mbs: int, ep: int,
+                kernels: str) -> dict[str, LayerProfile]:
+    """Per layer kind, the newest stored row for the key profiled on the ``kernels`` path."""
     with session_scope(engine) as session:
         rows = session.scalars(select(LayerProfile).filter_by(gpu_kind=gpu_kind, model=model, seq=seq, mbs=mbs, ep=ep)
                                .order_by(LayerProfile.created_at, LayerProfile.id)).all()
-    return {row.layer_kind: row for row in rows}  # later rows win
+    return {row.layer_kind: row for row in rows if kernel_path(row.kernel_tables) == kernels}  # later rows win
 
 
 def profiled_gpu_kinds(engine: Engine, model: str, seq: int, mbs: int, ep: int) -> list[str]:
@@ -152,8 +161,13 @@ def profiled_gpu_kinds(engine: Engine, model: str, seq: int, mbs: int, ep: int) 
                                       .distinct()).all())
 
 
-def load_costs(engine: Engine, gpu_kind: str, model: str, seq: int, mbs: int, ep: int) -> LoadedCosts:
+def load_costs(engine: Engine, gpu_kind: str, model: str, seq: int, mbs: int, ep: int,
+               kernels: str | None = None) -> LoadedCosts:
     """The planner's costs of ``model`` (a preset) from the newest profiles at (gpu_kind, seq, mbs, ep).
+
+    The rows come from one kernel path: ``kernels`` (triton or eager), else the Triton rows when
+    they cover the model (the kernels training runs with), else the eager ones; never a mix, and
+    never the eager rows just because they were profiled later.
 
     Every decoder layer and the MTP layer take their kind's costs; the embedding and the head
     become the stage extras. ``p2p_bytes`` is the most any stage boundary sends (after a decoder
@@ -162,12 +176,18 @@ def load_costs(engine: Engine, gpu_kind: str, model: str, seq: int, mbs: int, ep
     """
     config = load_preset(model)
     kinds = model_layer_kinds(config)
-    rows = newest_rows(engine, gpu_kind, model, seq, mbs, ep)
-    missing = [k for k in dict.fromkeys(kinds + list(EXTRA_KINDS)) if k not in rows]
+    if kernels is not None and kernels not in KERNEL_PATHS:
+        raise ValueError(f"kernels: {kernels!r} is not one of {', '.join(KERNEL_PATHS)}")
+    for path in [kernels] if kernels else KERNEL_PATHS:
+        rows = newest_rows(engine, gpu_kind, model, seq, mbs, ep, path)
+        missing = [k for k in dict.fromkeys(kinds + list(EXTRA_KINDS)) if k not in rows]
+        if not missing:
+            break
     if missing:
         have = profiled_gpu_kinds(engine, model, seq, mbs, ep)
         raise ProfilesMissing(
             f"no {', '.join(missing)} profile of {model} on {gpu_kind!r} at seq {seq}, mbs {mbs}, ep {ep}"
+            f" ({kernels or 'triton or eager'} kernels)"
             + (f"; GPU kinds with profiles of it: {', '.join(have)}" if have else "; no GPU kind has any"))
     moe = expert_params(config, ep)
 

@@ -20,7 +20,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
 from sqlalchemy import Engine, select
@@ -66,6 +66,8 @@ class PlanRequest(BaseModel):
     vpp: PositiveInt | None = None
     top: PositiveInt = 5
     profiles_from: str | None = None
+    kernels: Literal["triton", "eager"] | None = Field(
+        None, description="the kernel path whose profiles to plan from (default: Triton where profiled)")
     scale_time: PositiveFloat | None = None
     flops_per_token: PositiveFloat | None = Field(None, description="model FLOPs per trained token (default: v4.flops)")
 
@@ -198,7 +200,8 @@ def plan_request(engine: Engine, request: PlanRequest, calibration: Calibration 
     except ParallelismError as exc:
         raise RequestError(exc.field, exc.reason) from None
     try:
-        loaded = load_costs(engine, source.device_name, request.model, request.seq, request.mbs, request.ep)
+        loaded = load_costs(engine, source.device_name, request.model, request.seq, request.mbs, request.ep,
+                            request.kernels)
     except ProfilesMissing as exc:
         advice = ("profile it on that GPU (tuner profile layers ...)" if source != gpu else
                   "profile it (tuner profile layers ...), or plan from another kind's profiles with "
