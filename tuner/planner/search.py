@@ -536,6 +536,8 @@ def _level_curve(own: float, chained: float, tail_per_ms: float, m: int,
     if tail_per_ms > 0 and chained > own:
         xs.add((chained - own) / tail_per_ms)
     xs = sorted(xs)
+    # breakpoints an ulp apart would make a flat piece (slope 0) that the water filling divides by
+    xs = [x for i, x in enumerate(xs) if i == 0 or x - xs[i - 1] > 1e-9 * max(1.0, abs(x))]
 
     def level(x: float) -> float:
         return max(own + tail_per_ms * x, chained) + m * (x + _excess_at(excess, x))
