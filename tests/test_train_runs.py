@@ -4,6 +4,8 @@ gloo ranks in Ray actors, the tiny preset, and the SQL database."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import ray
 from sqlalchemy import select
@@ -96,6 +98,20 @@ def test_an_out_of_memory_stage_is_stored_as_oom(local_ray, tmp_path, monkeypatc
     [row] = rows(db)
     assert (row.status, row.oom_stage) == ("oom", 1) and "out of memory" in row.error
     assert "OOM stage" in out
+
+
+def test_profile_layers_writes_a_trace_per_kind(tmp_path) -> None:
+    db, traces = f"sqlite:///{tmp_path / 'tuner.db'}", tmp_path / "traces"
+    code, out = tuner(db, "profile", "layers", "--model", "tiny", "--device", "cpu", "--seq", "16", "--warmup", "0",
+                      "--reps", "1", "--trace", str(traces))
+    assert code == 0, out
+    config = load_preset("tiny")
+    kinds = {layer_kind(config, i) for i in config.layer_ids} | {"embedding", "head"}
+    names = {k.replace("/", "-") for k in kinds}
+    assert {p.name for p in traces.iterdir()} == {f"{n}.{ext}" for n in names for ext in ("json", "txt")}
+    table = (traces / "csa-learned.txt").read_text()
+    assert "aten::mm" in table or "aten::matmul" in table or "aten::bmm" in table  # the layer's GEMMs are in it
+    assert json.loads((traces / "head.json").read_text())["traceEvents"]
 
 
 def test_profile_layers_stores_one_row_per_kind(tmp_path) -> None:

@@ -22,7 +22,10 @@ layer fits next to nothing else. Per piece, for one microbatch of ``mbs × seq``
   nothing). ``alltoall_ms`` is not measured on one device and is left None.
 
 Timing: CUDA events around each phase after ``warmup`` rounds, the median of ``reps`` rounds on
-a GPU; the wall clock (``time.perf_counter``) on the CPU.
+a GPU; the wall clock (``time.perf_counter``) on the CPU. With ``trace_dir``, one more round of
+forward + backward per piece runs under ``torch.profiler``: ``<kind>.json`` (a Chrome trace) and
+``<kind>.txt`` (the ops by device time, the CPU's where there is no GPU) show where a layer's time
+goes when it is slower than its kernels.
 
 Expert parallelism: with ``ep = N`` the decoder and MTP layers are built from the config with
 ``experts / N`` experts (the experts one EP rank holds) and the same ``experts_per_token = k``.
@@ -42,6 +45,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -175,6 +179,23 @@ def _timed(device: torch.device, fn: Callable[[], object]) -> tuple[float, objec
     return (time.perf_counter() - start_s) * 1e3, out
 
 
+def _trace(piece: _Piece, device: torch.device, trace_dir: Path) -> None:
+    """One profiled forward + backward of ``piece``: a Chrome trace and the op table (see the module doc)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    inputs = piece.inputs()
+    with torch.profiler.profile(activities=activities) as prof:
+        roots, grads = piece.roots(piece.module(*inputs))
+        torch.autograd.backward(roots, grads)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    name = piece.kind.replace("/", "-")
+    prof.export_chrome_trace(str(trace_dir / f"{name}.json"))
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    (trace_dir / f"{name}.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40) + "\n")
+
+
 def _measure(piece: _Piece, device: torch.device, warmup: int, reps: int) -> LayerCost:
     module = piece.module
     params = list(module.parameters())
@@ -231,18 +252,24 @@ def _measure(piece: _Piece, device: torch.device, warmup: int, reps: int) -> Lay
 
 def profile_layers(config: ModelConfig, seq: int, mbs: int = 1, ep: int = 1, kernels: str = "eager",
                    device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, warmup: int = 1,
-                   reps: int = 3, on_piece: Callable[[str], None] = lambda _: None) -> list[LayerCost]:
-    """Measure each piece of ``config`` alone on ``device`` (see the module doc); one ``LayerCost`` per kind."""
+                   reps: int = 3, on_piece: Callable[[str], None] = lambda _: None,
+                   trace_dir: Path | None = None) -> list[LayerCost]:
+    """Measure each piece of ``config`` alone on ``device`` (see the module doc); one ``LayerCost`` per kind.
+    With ``trace_dir`` (created if missing), also write each piece's profiler trace there."""
     if seq < 1 or mbs < 1 or reps < 1 or warmup < 0:
         raise ProfileError(f"need seq, mbs, reps >= 1 and warmup >= 0; got seq={seq}, mbs={mbs}, "
                            f"reps={reps}, warmup={warmup}")
     device = torch.device(device)
     local = expert_parallel_config(config, ep)
+    if trace_dir is not None:
+        trace_dir.mkdir(parents=True, exist_ok=True)
     costs = []
     for build in _pieces(config, local, seq, mbs, kernels, device, dtype):
         piece = build()
         on_piece(piece.kind)
         costs.append(_measure(piece, device, warmup, reps))
+        if trace_dir is not None:
+            _trace(piece, device, trace_dir)
         del piece
         if device.type == "cuda":
             torch.cuda.empty_cache()

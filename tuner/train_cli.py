@@ -6,6 +6,7 @@ Registered on the main app by ``register(app)``; the database URL is the main ap
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import ray
@@ -160,6 +161,8 @@ def profile_layers_command(
     kernels: Kernels = "eager", device: Device = "auto",
     warmup: Annotated[Optional[int], typer.Option(help="untimed rounds (default: 2 on GPU, 1 on CPU)")] = None,
     reps: Annotated[Optional[int], typer.Option(help="timed rounds, median taken (default: 5 on GPU, 3 on CPU)")] = None,
+    trace: Annotated[Optional[Path], typer.Option(
+        help="also write each layer kind's profiler trace (KIND.json, Chrome format) and op table (KIND.txt) here")] = None,
 ) -> None:
     """Time each layer kind alone on one device and store the costs the planner reads."""
     import torch
@@ -177,7 +180,8 @@ def profile_layers_command(
         costs = profile_layers(config, seq, mbs, ep, kernels, device,
                                warmup=warmup if warmup is not None else 2 if gpu else 1,
                                reps=reps if reps is not None else 5 if gpu else 3,
-                               on_piece=lambda kind: status.update(f"profiling {config.name}: {kind}"))
+                               on_piece=lambda kind: status.update(f"profiling {config.name}: {kind}"),
+                               trace_dir=trace)
     kind, memory = gpu_kind(device)
     tables = tables_key(kernel_tables(kernels))
     profiles.store_profiles(engine, costs, gpu_kind=kind, gpu_memory_bytes=memory, model=config.name, seq=seq, mbs=mbs,
