@@ -1,55 +1,67 @@
 """Which trial the exporter takes per shape when sweeps disagree: the newest sweep's winner by
-default, the fastest winner with ``prefer="fastest"``, and a warning line when the newest is slower."""
+default, the fastest winner of any sweep for the kernels named in ``fastest``, and a warning line
+for every exported entry that an older sweep's winner beats."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from db import Sweep, Trial, open_database, session_scope
-from tuner.export import best_trials, regressions
+from tuner.export import NothingToExport, best_trials, export_table
 
 SHAPE = "n=100"
 
 
-def _sweep_with_winner(session, config: dict, retime_ms: float, loser_ms: float) -> int:
-    sweep = Sweep(kernel="k", arch="sm_90", spec={}, status="done")
+def _sweep_with_winner(session, kernel: str, config: dict, retime_ms: float, loser_ms: float) -> None:
+    sweep = Sweep(kernel=kernel, arch="sm_90", spec={}, status="done")
     session.add(sweep)
     session.flush()
     for cfg, ms, winner in ((config, retime_ms, True), ({"BLOCK": 1}, loser_ms, False)):
-        session.add(Trial(sweep_id=sweep.id, kernel="k", shape_key=SHAPE, arch="sm_90", config=cfg,
+        session.add(Trial(sweep_id=sweep.id, kernel=kernel, shape_key=SHAPE, arch="sm_90", config=cfg,
                           identity=f"{sweep.id}-{cfg}", status="ok", median_ms=ms, retime_ms=ms if winner else None,
                           is_winner=winner, metrics={}, versions={}))
-    return sweep.id
 
 
-@pytest.fixture
-def engine(tmp_path):
+def _database(tmp_path, newer_winner_ms: float):
     engine = open_database(f"sqlite:///{tmp_path}/t.db")
     with session_scope(engine) as session:
-        _sweep_with_winner(session, {"BLOCK": 64}, retime_ms=1.0, loser_ms=3.0)   # older, faster
-        _sweep_with_winner(session, {"BLOCK": 32}, retime_ms=1.5, loser_ms=0.9)   # newer, slower winner
+        for kernel in ("a", "b"):
+            _sweep_with_winner(session, kernel, {"BLOCK": 64}, retime_ms=1.0, loser_ms=3.0)  # older, faster
+        for kernel in ("a", "b"):  # newer sweeps: a slower winner, and a loser faster by screening time only
+            _sweep_with_winner(session, kernel, {"BLOCK": 32}, retime_ms=newer_winner_ms, loser_ms=0.9)
     return engine
 
 
-def test_newest_winner_by_default_fastest_winner_on_request(engine):
-    assert best_trials(engine, "sm_90")[0].config == {"BLOCK": 32}
-    # a faster non-winner (screening time only) never beats a re-timed winner
-    assert best_trials(engine, "sm_90", "fastest")[0].config == {"BLOCK": 64}
+def _configs(trials) -> dict[str, dict]:
+    return {t.kernel: t.config for t in trials}
 
 
-def test_a_slower_newest_winner_is_named(engine):
-    (line,) = regressions(engine, "sm_90")
-    assert "k n=100" in line and "sweep 2's winner takes 1.5 ms" in line and "sweep 1's 1 ms" in line
+def test_newest_winner_by_default_fastest_winner_where_asked(tmp_path):
+    engine = _database(tmp_path, newer_winner_ms=1.5)
+    assert _configs(best_trials(engine, "sm_90")) == {"a": {"BLOCK": 32}, "b": {"BLOCK": 32}}
+    assert _configs(best_trials(engine, "sm_90", ["a"])) == {"a": {"BLOCK": 64}, "b": {"BLOCK": 32}}
+    assert _configs(best_trials(engine, "sm_90", ["all"])) == {"a": {"BLOCK": 64}, "b": {"BLOCK": 64}}
+
+
+def test_export_names_the_entries_an_older_winner_beats(tmp_path):
+    engine = _database(tmp_path, newer_winner_ms=1.5)
+    path, slower = export_table(engine, "sm_90", tmp_path / "out", fastest=["a"])
+    table = json.loads(path.read_text())
+    assert table["entries"]["a"][SHAPE]["config"] == {"BLOCK": 64}
+    assert table["provenance"]["fastest_kernels"] == ["a"]
+    (line,) = slower
+    assert line.startswith("b n=100: sweep 4's winner takes 1.5 ms, sweep 2's 1 ms")
 
 
 def test_no_warning_within_timing_noise(tmp_path):
-    engine = open_database(f"sqlite:///{tmp_path}/t.db")
-    with session_scope(engine) as session:
-        _sweep_with_winner(session, {"BLOCK": 64}, retime_ms=1.0, loser_ms=3.0)
-        _sweep_with_winner(session, {"BLOCK": 32}, retime_ms=1.04, loser_ms=3.0)
-    assert regressions(engine, "sm_90") == []
+    engine = _database(tmp_path, newer_winner_ms=1.04)
+    assert export_table(engine, "sm_90", tmp_path / "out")[1] == []
 
 
-def test_unknown_preference_is_refused(engine):
-    with pytest.raises(ValueError, match="prefer"):
-        best_trials(engine, "sm_90", "oldest")
+def test_unknown_fastest_kernel_is_refused_and_nothing_written(tmp_path):
+    engine = _database(tmp_path, newer_winner_ms=1.5)
+    with pytest.raises(NothingToExport, match="--fastest: no ok trials of \\['c'\\]"):
+        export_table(engine, "sm_90", tmp_path / "out", fastest=["c"])
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -17,8 +17,8 @@ from kernels import registry
 from kernels.tuning import PACKAGED_TABLES, table_path
 from search_spaces import SpaceError, UnknownArchError
 from tuner import display, queue
-from tuner.cli_errors import fail, reporting
-from tuner.export import PREFERENCES, NothingToExport, export_table, regressions
+from tuner.cli_errors import reporting
+from tuner.export import NothingToExport, export_table
 from tuner.plan_cli import plan_app
 from tuner import plan_validate_cli  # noqa: F401 - adds ``tuner plan validate`` to plan_app
 from tuner.quickstart import quickstart_specs
@@ -166,17 +166,15 @@ def export(arch: Annotated[str, typer.Option(help="arch to export, e.g. sm_90")]
            out: Annotated[Optional[Path], typer.Option(help="folder (default: kernels/tables)")] = None,
            skip_kernel: Annotated[Optional[list[str]], typer.Option(
                help="leave this kernel out of the table (repeatable), e.g. until it is re-swept")] = None,
-           prefer: Annotated[str, typer.Option(
-               help="per shape, the winner of the newest sweep, or the fastest winner of any sweep")] = "newest"
+           fastest: Annotated[Optional[list[str]], typer.Option(
+               help="for this kernel (repeatable; 'all': every kernel) take the fastest winner of any sweep, "
+                    "not the newest sweep's: for kernels unchanged since the older sweep")] = None,
            ) -> None:
-    """Write the tuned table of ARCH from the database; warn where a newer sweep's winner is slower."""
-    if prefer not in PREFERENCES:
-        fail(f"--prefer: {prefer!r} is not one of {', '.join(PREFERENCES)}")
-    path = export_table(state.engine, arch, out, skip_kernel or (), prefer)
+    """Write the tuned table of ARCH from the database; warn where an older sweep's winner was faster."""
+    path, slower = export_table(state.engine, arch, out, skip_kernel or (), fastest or ())
     typer.echo(f"wrote {path}")
-    if prefer == "newest":
-        for line in regressions(state.engine, arch):
-            typer.echo(f"warning: {line} (--prefer fastest takes the faster one)", err=True)
+    for line in slower:
+        typer.echo(f"warning: {line} (--fastest KERNEL takes the faster one)", err=True)
 
 
 @tables_app.command("show")
@@ -206,7 +204,7 @@ def quickstart(ray_address: RayAddress = None,
         arch = pool.arch
     finally:
         pool.shutdown()
-    path = export_table(state.engine, arch, out)
+    path, _ = export_table(state.engine, arch, out)
     display.console.print(f"wrote {path}")
     display.console.print(display.tuned_table(json.loads(path.read_text())))
 

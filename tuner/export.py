@@ -3,8 +3,9 @@
 Per (kernel, shape) the entry is, by default, the newest re-timing winner among ``ok``
 trials of that arch (a newer sweep may follow a kernel change that makes older timings
 stale), else the fastest ``ok`` trial. A newer sweep can also be a smaller re-run that missed
-what an older one found; :func:`regressions` names every such entry and ``prefer="fastest"``
-takes the fastest winner of any sweep instead. ``wrong`` configs can never be exported: only ``ok``
+what an older one found; :func:`regressions` names every such entry, and ``fastest`` lists the
+kernels (or ``all``) whose entries take the fastest winner of any sweep instead, for kernels whose
+code has not changed since the older sweep. ``wrong`` configs can never be exported: only ``ok``
 rows are read. The file is written to a temporary name and renamed, so a reader never
 sees half a table.
 """
@@ -15,7 +16,7 @@ import json
 import os
 import tempfile
 from datetime import datetime, timezone
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ class NothingToExport(LookupError):
     pass
 
 
-PREFERENCES = ("newest", "fastest")
+ALL = "all"
 REGRESSION_TOLERANCE = 0.05  # timing noise across device sessions stays below this
 
 
@@ -37,18 +38,17 @@ def _ms(row: Trial) -> float:
     return row.retime_ms if row.retime_ms is not None else row.median_ms
 
 
-def best_trials(engine: Engine, arch: str, prefer: str = "newest") -> list[Trial]:
-    """The chosen trial per (kernel, shape_key) for ``arch``: winners first (of the newest sweep,
-    or the fastest of any sweep with ``prefer="fastest"``), then the fastest ok trial."""
-    if prefer not in PREFERENCES:
-        raise ValueError(f"prefer: {prefer!r} is not one of {', '.join(PREFERENCES)}")
+def best_trials(engine: Engine, arch: str, fastest: Collection[str] = ()) -> list[Trial]:
+    """The chosen trial per (kernel, shape_key) for ``arch``: winners first (of the newest sweep, or
+    the fastest of any sweep for the kernels in ``fastest``, every kernel with ``all``), then the
+    fastest ok trial."""
     with session_scope(engine) as session:
         rows = session.scalars(
             select(Trial).where(Trial.arch == arch, Trial.status == TrialStatus.ok.value)
         ).all()
     def preference(row: Trial) -> tuple[bool, float, float]:
-        newest = row.sweep_id if row.is_winner and prefer == "newest" else 0
-        return row.is_winner, newest, -_ms(row)
+        newest = row.is_winner and ALL not in fastest and row.kernel not in fastest
+        return row.is_winner, row.sweep_id if newest else 0, -_ms(row)
 
     chosen: dict[tuple[str, str], Trial] = {}
     for row in rows:
@@ -58,20 +58,21 @@ def best_trials(engine: Engine, arch: str, prefer: str = "newest") -> list[Trial
     return [chosen[k] for k in sorted(chosen)]
 
 
-def regressions(engine: Engine, arch: str) -> list[str]:
-    """One line per (kernel, shape) whose newest winner is slower, beyond timing noise, than the
-    winner of an older sweep: what ``prefer="fastest"`` would change."""
-    fastest = {(t.kernel, t.shape_key): t for t in best_trials(engine, arch, "fastest")}
+def regressions(trials: Sequence[Trial], engine: Engine, arch: str) -> list[str]:
+    """One line per chosen trial slower, beyond timing noise, than the winner of another sweep of its
+    (kernel, shape): what ``fastest`` would change."""
+    best = {(t.kernel, t.shape_key): t for t in best_trials(engine, arch, (ALL,))}
     lines = []
-    for t in best_trials(engine, arch, "newest"):
-        other = fastest[(t.kernel, t.shape_key)]
+    for t in trials:
+        other = best[(t.kernel, t.shape_key)]
         if other.id != t.id and _ms(t) > _ms(other) * (1 + REGRESSION_TOLERANCE):
             lines.append(f"{t.kernel} {t.shape_key}: sweep {t.sweep_id}'s winner takes {_ms(t):.4g} ms, "
                          f"sweep {other.sweep_id}'s {_ms(other):.4g} ms")
     return lines
 
 
-def build_table(trials: list[Trial], arch: str, skipped: Sequence[str] = (), prefer: str = "newest") -> dict[str, Any]:
+def build_table(trials: list[Trial], arch: str, skipped: Sequence[str] = (),
+                fastest: Sequence[str] = ()) -> dict[str, Any]:
     entries: dict[str, dict[str, Any]] = {}
     for t in trials:
         entries.setdefault(t.kernel, {})[t.shape_key] = {
@@ -90,23 +91,25 @@ def build_table(trials: list[Trial], arch: str, skipped: Sequence[str] = (), pre
                                                    key=str)],
             "sweep_ids": sorted({t.sweep_id for t in trials}),
             "skipped_kernels": sorted(skipped),
-            "prefer": prefer,
+            "fastest_kernels": sorted(fastest),
         },
         "entries": entries,
     }
 
 
 def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: Sequence[str] = (),
-                 prefer: str = "newest") -> Path:
-    """Write ``<out_dir>/<arch>.json`` atomically; its path.
+                 fastest: Sequence[str] = ()) -> tuple[Path, list[str]]:
+    """Write ``<out_dir>/<arch>.json`` atomically; its path and the :func:`regressions` of what it holds.
 
     ``skip`` leaves kernels out (their launches then use the heuristic default), e.g. while
-    their sweeps are known to be unfinished; the table's provenance lists them and ``prefer``.
+    their sweeps are known to be unfinished; ``fastest`` (see :func:`best_trials`). The table's
+    provenance lists both.
     """
-    trials = best_trials(engine, arch, prefer)
-    unknown = sorted(set(skip) - {t.kernel for t in trials})
-    if unknown:
-        raise NothingToExport(f"--skip-kernel: no ok trials of {unknown} for arch {arch!r} in the database")
+    trials = best_trials(engine, arch, fastest)
+    for option, kernels in (("--skip-kernel", set(skip)), ("--fastest", set(fastest) - {ALL})):
+        unknown = sorted(kernels - {t.kernel for t in trials})
+        if unknown:
+            raise NothingToExport(f"{option}: no ok trials of {unknown} for arch {arch!r} in the database")
     trials = [t for t in trials if t.kernel not in skip]
     if not trials:
         raise NothingToExport(f"no ok trials for arch {arch!r} in the database")
@@ -115,10 +118,10 @@ def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: S
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{arch}.", suffix=".json")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(build_table(trials, arch, skip, prefer), f, indent=1, sort_keys=True)
+            json.dump(build_table(trials, arch, skip, fastest), f, indent=1, sort_keys=True)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
-    return path
+    return path, regressions(trials, engine, arch)
