@@ -16,7 +16,7 @@ from tuner.planner import search as search_module
 from tuner.planner.costs import LayerCost, MemoryModel, StageExtras
 from tuner.planner.iteration import IterationModel, Plan, predict
 from tuner.planner.schedule import in_flight_peaks, simulate
-from tuner.planner.search import MiB, NoPlanFits, search
+from tuner.planner.search import MiB, NoPlanFits, _level_curve, search
 
 EXTRAS = StageExtras(embedding_forward_ms=0.5, embedding_backward_ms=1.0, embedding_activation_bytes=10 * MiB,
                      embedding_params=3_000_000, head_forward_ms=1.5, head_backward_ms=3.0,
@@ -360,3 +360,12 @@ def test_pruning_keeps_the_optimum(monkeypatch: pytest.MonkeyPatch) -> None:
     exhaustive = search([model], keep=6)
     assert pruned.plans[0].recompute_layer_ids
     assert [p.step_ms for p in pruned.plans] == pytest.approx([p.step_ms for p in exhaustive.plans], abs=1e-9)
+
+
+def test_level_curve_has_no_flat_piece_at_breakpoints_a_rounding_step_apart() -> None:
+    # the chained level's breakpoint (chained - own) / tail = 0.3 / 0.1 lands one ulp away from the excess's 3.0
+    x = (0.4 - 0.1) / 0.1
+    assert x != 3.0 and abs(x - 3.0) < 1e-12
+    curve = _level_curve(own=0.1, chained=0.4, tail_per_ms=0.1, m=2, excess=[(0.0, 0.0, 0.0), (3.0, 0.0, 0.5)])
+    assert all(slope > 0 for _, _, slope in curve)  # the water filling divides by every slope
+    assert [round(p[0], 9) for p in curve] == [0.0, 3.0]
