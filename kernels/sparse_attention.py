@@ -107,10 +107,12 @@ _INT32_BYTES = 4
 
 @triton.jit
 def _entry_count(s, TOPK, WINDOW, RATIO: tl.constexpr):
-    """Entry positions of query s: its window, then its compressed slots (CSA: all TOPK, some -1)."""
+    """Entry positions of query s: its window, then its compressed slots. CSA reads only the first
+    ``min(TOPK, (s + 1) // 4)`` slots, where the indexer puts its picks (the causal most there are),
+    so an early query does not walk its -1 padding."""
     n = tl.minimum(s + 1, WINDOW)
     if RATIO == _CSA:
-        n += TOPK
+        n += tl.minimum(TOPK, (s + 1) // RATIO)
     elif RATIO != 0:
         n += (s + 1) // RATIO
     return n
@@ -534,8 +536,9 @@ def sparse_attention(q: Tensor, kv: Tensor, sink: Tensor, compress_ratio: int,
 
     ``q [B, S, H, 512]`` and ``kv [B, S, 512]`` bf16 (kv is key and value), ``sink [H]`` fp32;
     HCA and CSA also take ``kv_compressed [B, S // ratio, 512]`` bf16, CSA the indexer's
-    ``indices [B, S, topk]`` int32 (-1 = padding; causal: ``t < (s + 1) // 4``, not checked,
-    since checking would sync with the host). Differentiable in q, kv, sink and kv_compressed.
+    ``indices [B, S, topk]`` int32 (-1 = padding; causal: ``t < (s + 1) // 4``; the picks of query
+    s in its first ``min(topk, (s + 1) // 4)`` slots, as the indexer writes them: later slots are
+    not read. Not checked, since checking would sync with the host). Differentiable in q, kv, sink and kv_compressed.
     Launch parameters come from ``kernels.tuning.resolve``.
     """
     _check_shapes(q, kv, sink, compress_ratio, kv_compressed, indices, window)
@@ -593,7 +596,8 @@ def _bytes_bwd(shape: Shape) -> int:
 
 
 def _random_indices(batch: int, seq: int, topk: int, gen: torch.Generator, device: torch.device) -> Tensor:
-    """CSA picks ``[B, S, topk]`` int32: ``min(topk, (s + 1) // 4)`` distinct causal entries, -1 elsewhere, shuffled."""
+    """CSA picks ``[B, S, topk]`` int32: ``min(topk, (s + 1) // 4)`` distinct causal entries in random
+    order in the first slots, -1 after (the layout the indexer writes and the kernels read)."""
     n_comp = seq // CSA_RATIO
     s = torch.arange(seq, device=device)[:, None]
     scores = torch.rand(batch, seq, max(n_comp, topk), generator=gen, device=device)
@@ -601,8 +605,8 @@ def _random_indices(batch: int, seq: int, topk: int, gen: torch.Generator, devic
     scores = scores.masked_fill(~causal, -1.0)
     top, picks = scores.topk(topk, dim=-1)
     picks = torch.where(top >= 0, picks, -1)
-    order = torch.rand(batch, seq, topk, generator=gen, device=device).argsort(-1)
-    return picks.gather(-1, order).int()
+    keys = torch.rand(batch, seq, topk, generator=gen, device=device) + (picks < 0)  # padding sorts last
+    return picks.gather(-1, keys.argsort(-1)).int()
 
 
 def _make_fwd_inputs(shape: Shape, device: torch.device, seed: int) -> Inputs:

@@ -121,15 +121,34 @@ def test_inputs_are_seeded_random_and_compile_accepts_default(name):
         assert_seeded_random_inputs(kernel, shape, integers_nonzero=False)
 
 
-def test_csa_picks_are_distinct_causal_and_padded_like_the_indexer():
+def test_csa_picks_are_distinct_causal_and_first_like_the_indexer():
     shape = registry.get("sparse_attn_fwd").presets["small"][1]
     indices = registry.get("sparse_attn_fwd").make_inputs(shape, DEVICE, 7)["indices"].cpu()
     causal = (torch.arange(shape["seq"]) + 1) // sparse_attention.CSA_RATIO
     for b, s in itertools.product(range(shape["batch"]), range(shape["seq"])):
-        picks = indices[b, s][indices[b, s] >= 0]
-        assert len(picks) == min(shape["topk"], int(causal[s])) == len(set(picks.tolist()))
+        n = min(shape["topk"], int(causal[s]))
+        picks = indices[b, s, :n]
+        assert (picks >= 0).all() and (indices[b, s, n:] == -1).all() and len(set(picks.tolist())) == n
         assert (picks < causal[s]).all()
-    assert (indices[:, :, 0] == -1).any() and (indices[:, :, -1] == -1).any()  # padding is not only at the end
+    assert not (indices.sort(-1).values == indices).all()  # the picks are in random order
+
+
+def test_csa_reads_only_the_slots_a_query_can_fill():
+    """Slots past ``min(topk, (s + 1) // 4)`` are never read: garbage picks there (valid-looking but
+    acausal ids) change neither the output nor any gradient."""
+    p = _problem(2, 70, 4, sparse_attention.CSA_RATIO, 6, 9, seed=3)
+    bound = ((torch.arange(70, device=DEVICE) + 1) // sparse_attention.CSA_RATIO).clamp(max=6)
+    beyond = torch.arange(6, device=DEVICE)[None, :] >= bound[:, None]
+    assert beyond.any() and (p["indices"][:, beyond] == -1).all()
+    garbage = p["indices"].masked_fill(beyond, 70 // sparse_attention.CSA_RATIO - 1)
+    outs = []
+    for indices in (p["indices"], garbage):
+        leaves = {n: p[n].clone().requires_grad_() for n in ("q", "kv", "sink", "kv_compressed")}
+        o = attend(leaves["q"], leaves["kv"], leaves["sink"], 4, leaves["kv_compressed"], indices, 9)
+        o.backward(p["do"])
+        outs.append([o] + [leaves[n].grad for n in ("q", "kv", "sink", "kv_compressed")])
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("shape", registry.get("sparse_attn_fwd").presets["small"], ids=["window", "csa", "hca"])
