@@ -9,9 +9,13 @@ are imported from the comma-separated ``TUNER_KERNEL_MODULES`` environment varia
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
+import inspect
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -51,6 +55,12 @@ class TunableKernel:
     atol: float = 2e-2
     rtol: float = 2e-2
     presets: dict[str, list[Shape]] = field(default_factory=dict)
+
+    @functools.cached_property
+    def source_version(self) -> str:
+        """Hash of the file that holds the kernel's launch code: part of a trial's identity, so that a
+        stored timing is reused only while that code is unchanged."""
+        return hashlib.sha256(Path(inspect.getsourcefile(inspect.unwrap(self.run))).read_bytes()).hexdigest()[:12]
 
     def shape_key(self, shape: Shape) -> str:
         """Canonical text key of a shape, shared by the exporter and the lookup."""

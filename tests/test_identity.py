@@ -1,5 +1,8 @@
 """A config's identity changes with everything that could change its measurement, and only that."""
 
+import importlib.util
+
+from kernels.registry import TunableKernel
 from tuner.identity import config_identity
 
 TOOLCHAIN = {"triton": "3.6.0", "torch": "2.11.0", "cuda": "13.0", "driver": "580"}
@@ -23,3 +26,23 @@ def test_identity_covers_config_shape_arch_toolchain_and_timing_method():
     ]
     assert len({base, *variants}) == len(variants) + 1
     assert config_identity(*BASE, TOOLCHAIN, method="events") == base
+
+
+def test_kernel_source_version_follows_the_launch_code(tmp_path, monkeypatch):
+    """A stored timing is reused only while the file holding the kernel's launch code is unchanged."""
+    module = tmp_path / "probe_kernel.py"
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def version() -> str:
+        spec = importlib.util.spec_from_file_location("probe_kernel", module)
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        kernel = TunableKernel(name="probe", shape_fields=("n",), exact_fields=(), make_inputs=None, run=loaded.run,
+                               reference=None, default_config=None, bytes_moved=None)
+        return kernel.source_version
+
+    module.write_text("def run(inputs, config):\n    return inputs\n")
+    first = version()
+    assert version() == first and len(first) == 12
+    module.write_text("def run(inputs, config):\n    return inputs  # a loop bound changed\n")
+    assert version() != first

@@ -61,7 +61,7 @@ def test_faulty_configs_are_recorded_and_the_sweep_completes(tmp_path, db_url):
     for block in (16, 32):
         ok = by_mode[("ok", block)]
         assert ok.status == "ok" and ok.median_ms > 0 and ok.p20_ms <= ok.median_ms <= ok.p80_ms and ok.reps >= 3
-        assert ok.host and ok.versions["triton"]
+        assert ok.host and ok.versions["triton"] and len(ok.versions["kernel_source"]) == 12
     winners = [r for r in rows if r.is_winner]
     assert len(winners) == 1 and winners[0].config["MODE"] == "ok" and winners[0].retime_ms is not None
 

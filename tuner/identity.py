@@ -1,9 +1,9 @@
 """A config's identity: the hash that says two trials would measure the same thing.
 
 It covers the kernel, the shape, the arch, every launch parameter and compiler knob, and
-the toolchain (Triton, torch, CUDA/ROCm, driver), and the timing method when it is not
-the default CUDA-events one, so a result is reused across sweeps only where nothing that
-could change it has changed.
+the toolchain (Triton, torch, CUDA/ROCm, driver, and the hash of the kernel's source file,
+``kernel_source``), and the timing method when it is not the default CUDA-events one, so a
+result is reused across sweeps only where nothing that could change it has changed.
 """
 
 from __future__ import annotations

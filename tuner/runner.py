@@ -101,7 +101,8 @@ class SweepRunner:
         self.space = self.spec.search_space()
         self.dimensions = self.space.dimensions(self.arch)
         self.budget = self.spec.trial_budget(self.arch)
-        self.toolchain = pool.toolchain
+        # the kernel's code is part of what a stored timing measured (see tuner.identity)
+        self.toolchain = {**pool.toolchain, "kernel_source": self.kernel.source_version}
         self.atol, self.rtol = self.spec.tolerances()
         self.timing = self.spec.timing
         self.deadline = (time.monotonic() + self.spec.budget.max_minutes * 60) if self.spec.budget.max_minutes else None
