@@ -10,7 +10,8 @@
 # Everything lands in a SQLite file under $OUT, plus per-command logs.
 # Usage: OUT=/some/dir bash bench/h200_train.sh 1gpu pp2 profile dump   (ITERS, WARMUP: iterations)
 # Subsets (env): RECOMPUTES (1gpu plans, space-separated), EAGER=0 (no eager 1gpu run),
-# PROFILE_KERNELS (triton and/or eager), PROFILE_PROXY=0 (no proxy-8l profile).
+# PROFILE_KERNELS (triton and/or eager), PROFILE_PROXY=0 (no proxy-8l profile), TRACE=1 (the V4-Flash
+# profiles also write each layer kind's profiler trace and op table under $OUT/traces).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a writable folder}
@@ -47,7 +48,8 @@ pp2)
   ;;
 profile)
   for kernels in ${PROFILE_KERNELS:-triton eager}; do
-    run "profile-v4-flash-$kernels" profile layers --model v4-flash --seq 4096 --mbs 1 --ep 8 --device cuda --kernels "$kernels"
+    run "profile-v4-flash-$kernels" profile layers --model v4-flash --seq 4096 --mbs 1 --ep 8 --device cuda --kernels "$kernels" \
+      ${TRACE:+--trace "$OUT/traces/v4-flash-$kernels"}
   done
   [ "${PROFILE_PROXY:-1}" = 1 ] && run profile-proxy-8l profile layers --model proxy-8l --seq 4096 --mbs 1 --ep 1 --device cuda --kernels triton
   ;;
