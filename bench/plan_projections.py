@@ -41,10 +41,10 @@ from tuner.planner.costs import Calibration
 from tuner.planner.hardware import gpu_kind
 from tuner.planner.iteration import IterationModel, Plan, PlanInputs
 from tuner.planner.layout import format_ranges, megatron_recompute, parse_layout
-from tuner.planner.parallel import Cluster, parallelisms
-from tuner.planner.profiles import LoadedCosts, load_costs
+from tuner.planner.profiles import LoadedCosts
 from tuner.planner.report import gantt_svg, memory_svg, write_report
-from tuner.planner.request import PlanRequest, default_flops_per_token, plan_request
+from tuner.planner.request import (PlanRequest, default_flops_per_token, plan_request, request_costs,
+                                   request_parallelisms)
 from tuner.planner.search import NoPlanFits
 from tuner.planner.validate import starting_calibration
 from v4.config import ModelConfig, layer_kind, load_preset
@@ -106,16 +106,8 @@ def pipeline_model(engine: Engine, request: PlanRequest, calibration: Calibratio
 
     Needed where the planner returns no model at that (pp, vpp) (nothing fits, or it chose another pp).
     """
-    gpu = gpu_kind(request.gpu)
-    source = gpu_kind(request.profiles_from) if request.profiles_from else gpu
-    config = load_preset(request.model)
-    loaded = load_costs(engine, source.device_name, request.model, request.seq, request.mbs, request.ep,
-                        request.kernels)
-    costs = loaded.costs.scaled(request.scale_time) if request.scale_time else loaded.costs
-    measured = source == gpu and loaded.gpu_memory_bytes is not None
-    capacity = float(loaded.gpu_memory_bytes if measured else gpu.memory_bytes)
-    (par,) = parallelisms(Cluster(request.nodes, request.gpus_per_node), gbs=request.gbs, mbs=request.mbs,
-                          ep=request.ep, layers=config.layers + config.mtp_layers, pp=pp, vpp=vpp)
+    (par,) = request_parallelisms(request.model_copy(update={"pp": pp, "vpp": vpp}))
+    loaded, costs, capacity, _ = request_costs(engine, request)
     return IterationModel.from_profiles(PlanInputs(costs, par, capacity), calibration), loaded
 
 

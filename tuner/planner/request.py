@@ -27,11 +27,11 @@ from sqlalchemy import Engine, select
 
 from db import session_scope
 from db.planning import StoredPlan
-from tuner.planner.costs import Calibration, MemoryModel
+from tuner.planner.costs import Calibration, MemoryModel, ProfiledCosts
 from tuner.planner.hardware import GpuKind, UnknownGpu, gpu_kind
 from tuner.planner.iteration import IterationModel, Plan, PlanInputs
 from tuner.planner.layout import megatron_recompute
-from tuner.planner.parallel import Cluster, ParallelismError, parallelisms
+from tuner.planner.parallel import Cluster, Parallelism, ParallelismError, parallelisms
 from tuner.planner.profiles import LoadedCosts, ProfilesMissing, load_costs
 from tuner.planner.search import SearchResult, search
 from tuner.provenance import kernel_tables, tables_key
@@ -182,23 +182,21 @@ def default_flops_per_token(model: str, seq: int) -> float:
     return model_flops(load_preset(model), seq).training
 
 
-def plan_request(engine: Engine, request: PlanRequest, calibration: Calibration | None = None, *,
-                 tolerance: float = DEFAULT_TOLERANCE, nodes: int | None = SEARCH_NODES) -> Outcome:
-    """Plan ``request`` (see the module doc). Raises RequestError, ProfilesMissing or NoPlanFits.
-
-    ``nodes`` caps the search (None: exhaustive), split evenly over the (pp, vpp) candidates
-    with at least 100 each; the outcome's gap says how close to optimal that got.
-    """
-    calibration = calibration or Calibration()
-    gpu = gpu_kind(request.gpu)
-    source = gpu_kind(request.profiles_from) if request.profiles_from else gpu
+def request_parallelisms(request: PlanRequest) -> list[Parallelism]:
+    """The (pp, vpp) candidates of ``request``; RequestError naming the field when there are none."""
     config = load_preset(request.model)
     try:
-        candidates = parallelisms(Cluster(request.nodes, request.gpus_per_node), gbs=request.gbs, mbs=request.mbs,
-                                  ep=request.ep, layers=config.layers + config.mtp_layers, pp=request.pp,
-                                  vpp=request.vpp)
+        return parallelisms(Cluster(request.nodes, request.gpus_per_node), gbs=request.gbs, mbs=request.mbs,
+                            ep=request.ep, layers=config.layers + config.mtp_layers, pp=request.pp, vpp=request.vpp)
     except ParallelismError as exc:
         raise RequestError(exc.field, exc.reason) from None
+
+
+def request_costs(engine: Engine, request: PlanRequest) -> tuple[LoadedCosts, ProfiledCosts, float, bool]:
+    """The profiles ``request`` plans from, its costs (scaled by ``scale_time``), the GPU capacity in
+    bytes, and whether that capacity was measured on the profiled GPU (else the GPU kind's datasheet)."""
+    gpu = gpu_kind(request.gpu)
+    source = gpu_kind(request.profiles_from) if request.profiles_from else gpu
     try:
         loaded = load_costs(engine, source.device_name, request.model, request.seq, request.mbs, request.ep,
                             request.kernels)
@@ -209,7 +207,21 @@ def plan_request(engine: Engine, request: PlanRequest, calibration: Calibration 
         raise ProfilesMissing(f"{exc}; {advice}") from None
     costs = loaded.costs.scaled(request.scale_time) if request.scale_time else loaded.costs
     measured = source == gpu and loaded.gpu_memory_bytes is not None
-    capacity = float(loaded.gpu_memory_bytes if measured else gpu.memory_bytes)
+    return loaded, costs, float(loaded.gpu_memory_bytes if measured else gpu.memory_bytes), measured
+
+
+def plan_request(engine: Engine, request: PlanRequest, calibration: Calibration | None = None, *,
+                 tolerance: float = DEFAULT_TOLERANCE, nodes: int | None = SEARCH_NODES) -> Outcome:
+    """Plan ``request`` (see the module doc). Raises RequestError, ProfilesMissing or NoPlanFits.
+
+    ``nodes`` caps the search (None: exhaustive), split evenly over the (pp, vpp) candidates
+    with at least 100 each; the outcome's gap says how close to optimal that got.
+    """
+    calibration = calibration or Calibration()
+    gpu = gpu_kind(request.gpu)
+    source = gpu_kind(request.profiles_from) if request.profiles_from else gpu
+    candidates = request_parallelisms(request)
+    loaded, costs, capacity, measured = request_costs(engine, request)
     try:
         models = [IterationModel.from_profiles(PlanInputs(costs, par, capacity), calibration) for par in candidates]
     except ValueError as exc:  # profiles that cannot price this parallelism (e.g. EP across nodes)
