@@ -538,8 +538,8 @@ def sparse_attention(q: Tensor, kv: Tensor, sink: Tensor, compress_ratio: int,
     HCA and CSA also take ``kv_compressed [B, S // ratio, 512]`` bf16, CSA the indexer's
     ``indices [B, S, topk]`` int32 (-1 = padding; causal: ``t < (s + 1) // 4``; the picks of query
     s in its first ``min(topk, (s + 1) // 4)`` slots, as the indexer writes them: later slots are
-    not read. Not checked, since checking would sync with the host). Differentiable in q, kv, sink and kv_compressed.
-    Launch parameters come from ``kernels.tuning.resolve``.
+    not read. Not checked, since checking would sync with the host). Differentiable in q, kv,
+    sink and kv_compressed. Launch parameters come from ``kernels.tuning.resolve``.
     """
     _check_shapes(q, kv, sink, compress_ratio, kv_compressed, indices, window)
     _check_dtypes(q, kv, sink, kv_compressed)

@@ -38,14 +38,15 @@ def _ms(row: Trial) -> float:
     return row.retime_ms if row.retime_ms is not None else row.median_ms
 
 
-def best_trials(engine: Engine, arch: str, fastest: Collection[str] = ()) -> list[Trial]:
-    """The chosen trial per (kernel, shape_key) for ``arch``: winners first (of the newest sweep, or
-    the fastest of any sweep for the kernels in ``fastest``, every kernel with ``all``), then the
-    fastest ok trial."""
+def _ok_trials(engine: Engine, arch: str) -> list[Trial]:
     with session_scope(engine) as session:
-        rows = session.scalars(
+        return list(session.scalars(
             select(Trial).where(Trial.arch == arch, Trial.status == TrialStatus.ok.value)
-        ).all()
+        ).all())
+
+
+def _choose(rows: Sequence[Trial], fastest: Collection[str]) -> list[Trial]:
+    """See :func:`best_trials`."""
     def preference(row: Trial) -> tuple[bool, float, float]:
         newest = row.is_winner and ALL not in fastest and row.kernel not in fastest
         return row.is_winner, row.sweep_id if newest else 0, -_ms(row)
@@ -58,10 +59,17 @@ def best_trials(engine: Engine, arch: str, fastest: Collection[str] = ()) -> lis
     return [chosen[k] for k in sorted(chosen)]
 
 
-def regressions(trials: Sequence[Trial], engine: Engine, arch: str) -> list[str]:
-    """One line per chosen trial slower, beyond timing noise, than the winner of another sweep of its
-    (kernel, shape): what ``fastest`` would change."""
-    best = {(t.kernel, t.shape_key): t for t in best_trials(engine, arch, (ALL,))}
+def best_trials(engine: Engine, arch: str, fastest: Collection[str] = ()) -> list[Trial]:
+    """The chosen trial per (kernel, shape_key) for ``arch``: winners first (of the newest sweep, or
+    the fastest of any sweep for the kernels in ``fastest``, every kernel with ``all``), then the
+    fastest ok trial."""
+    return _choose(_ok_trials(engine, arch), fastest)
+
+
+def regressions(trials: Sequence[Trial], fastest_of_all: Sequence[Trial]) -> list[str]:
+    """One line per chosen trial slower, beyond timing noise, than the fastest winner of its (kernel,
+    shape) over every sweep (``fastest_of_all``: the choice with ``fastest=("all",)``)."""
+    best = {(t.kernel, t.shape_key): t for t in fastest_of_all}
     lines = []
     for t in trials:
         other = best[(t.kernel, t.shape_key)]
@@ -105,7 +113,8 @@ def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: S
     their sweeps are known to be unfinished; ``fastest`` (see :func:`best_trials`). The table's
     provenance lists both.
     """
-    trials = best_trials(engine, arch, fastest)
+    rows = _ok_trials(engine, arch)
+    trials = _choose(rows, fastest)
     for option, kernels in (("--skip-kernel", set(skip)), ("--fastest", set(fastest) - {ALL})):
         unknown = sorted(kernels - {t.kernel for t in trials})
         if unknown:
@@ -124,4 +133,4 @@ def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: S
     except BaseException:
         os.unlink(tmp)
         raise
-    return path, regressions(trials, engine, arch)
+    return path, regressions(trials, _choose(rows, (ALL,)))

@@ -137,21 +137,20 @@ def expert_params(config: ModelConfig, ep: int) -> int:
     return config.experts // ep * 3 * config.hidden * config.expert_ffn
 
 
-KERNEL_PATHS = ("triton", "eager")
+PLANNING_ORDER = ("triton", "eager")  # without a choice: the kernels training runs with, else eager
 
 
-def kernel_path(kernel_tables: str) -> str:
-    """``eager`` for rows profiled on the eager path, else ``triton`` (``triton:ARCH:TABLE_HASH``)."""
-    return "eager" if kernel_tables == "eager" else "triton"
-
-
-def newest_rows(engine: Engine, gpu_kind: str, model: str, seq: int, mbs: int, ep: int,
-                kernels: str) -> dict[str, LayerProfile]:
-    """Per layer kind, the newest stored row for the key profiled on the ``kernels`` path."""
+def newest_rows(engine: Engine, gpu_kind: str, model: str, seq: int, mbs: int,
+                ep: int) -> dict[str, dict[str, LayerProfile]]:
+    """Per kernel path (``kernel_tables`` up to its first ':', e.g. ``triton:sm_90:...``) and layer
+    kind, the newest stored row for the key."""
     with session_scope(engine) as session:
         rows = session.scalars(select(LayerProfile).filter_by(gpu_kind=gpu_kind, model=model, seq=seq, mbs=mbs, ep=ep)
                                .order_by(LayerProfile.created_at, LayerProfile.id)).all()
-    return {row.layer_kind: row for row in rows if kernel_path(row.kernel_tables) == kernels}  # later rows win
+    by_path: dict[str, dict[str, LayerProfile]] = {}
+    for row in rows:  # later rows win
+        by_path.setdefault(row.kernel_tables.partition(":")[0], {})[row.layer_kind] = row
+    return by_path
 
 
 def profiled_gpu_kinds(engine: Engine, model: str, seq: int, mbs: int, ep: int) -> list[str]:
@@ -176,10 +175,11 @@ def load_costs(engine: Engine, gpu_kind: str, model: str, seq: int, mbs: int, ep
     """
     config = load_preset(model)
     kinds = model_layer_kinds(config)
-    if kernels is not None and kernels not in KERNEL_PATHS:
-        raise ValueError(f"kernels: {kernels!r} is not one of {', '.join(KERNEL_PATHS)}")
-    for path in [kernels] if kernels else KERNEL_PATHS:
-        rows = newest_rows(engine, gpu_kind, model, seq, mbs, ep, path)
+    if kernels is not None and kernels not in PLANNING_ORDER:
+        raise ValueError(f"kernels: {kernels!r} is not one of {', '.join(PLANNING_ORDER)}")
+    by_path = newest_rows(engine, gpu_kind, model, seq, mbs, ep)
+    for path in [kernels] if kernels else PLANNING_ORDER:
+        rows = by_path.get(path, {})
         missing = [k for k in dict.fromkeys(kinds + list(EXTRA_KINDS)) if k not in rows]
         if not missing:
             break
