@@ -97,14 +97,16 @@ def summary(path: str) -> None:
         runs = session.scalars(select(TrainRun).filter_by(preset=request.model, pp=request.pp)
                                .order_by(TrainRun.id)).all()
     outcome = plan_request(engine, request, before)
-    models = {}
+    models: dict[int, Any] = {}  # per vpp, built once
     config = load_preset(request.model)
     rows: list[dict[str, Any]] = []
     for run in runs:
         if run.layout is None or (run.dp or 1) * request.pp != request.gpus_per_node:
             continue
         layout = parse_layout(run.layout, config.layers, request.pp)
-        model = models.setdefault(layout.vpp, model_at_vpp(outcome.plans[0], layout.vpp))
+        if layout.vpp not in models:
+            models[layout.vpp] = model_at_vpp(outcome.plans[0], layout.vpp)
+        model = models[layout.vpp]
         ids = _recomputed(run.recompute)
         plan = Plan(layout, ids, model, model.evaluate(layout, ids))
         m = measured(run)
