@@ -114,6 +114,16 @@ def test_profile_layers_writes_a_trace_per_kind(tmp_path) -> None:
     assert json.loads((traces / "head.json").read_text())["traceEvents"]
 
 
+def test_profile_layers_refuses_a_trace_folder_it_cannot_create(tmp_path) -> None:
+    db, blocker = f"sqlite:///{tmp_path / 'tuner.db'}", tmp_path / "a-file"
+    blocker.write_text("")
+    code, out = tuner(db, "profile", "layers", "--model", "tiny", "--device", "cpu", "--seq", "16", "--warmup", "0",
+                      "--reps", "1", "--trace", str(blocker / "traces"))
+    assert code == 2 and "trace: cannot create the folder" in out and "Traceback" not in out
+    with session_scope(open_database(db)) as session:
+        assert session.scalars(select(LayerProfile)).all() == []
+
+
 def test_profile_layers_stores_one_row_per_kind(tmp_path) -> None:
     db = f"sqlite:///{tmp_path / 'tuner.db'}"
     code, out = tuner(db, "profile", "layers", "--model", "tiny", "--device", "cpu", "--seq", "32", "--ep", "2",

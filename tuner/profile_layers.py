@@ -262,7 +262,10 @@ def profile_layers(config: ModelConfig, seq: int, mbs: int = 1, ep: int = 1, ker
     device = torch.device(device)
     local = expert_parallel_config(config, ep)
     if trace_dir is not None:
-        trace_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            trace_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # before any measurement, so a bad path costs nothing
+            raise ProfileError(f"trace: cannot create the folder {trace_dir}: {exc.strerror}") from None
     costs = []
     for build in _pieces(config, local, seq, mbs, kernels, device, dtype):
         piece = build()
