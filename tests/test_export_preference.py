@@ -65,3 +65,44 @@ def test_unknown_fastest_kernel_is_refused_and_nothing_written(tmp_path):
     with pytest.raises(NothingToExport, match="--fastest: no ok trials of \\['c'\\]"):
         export_table(engine, "sm_90", tmp_path / "out", fastest=["c"])
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def _previous_table(path, entries: dict) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "sm_90.json").write_text(json.dumps({
+        "schema_version": 1, "arch": "sm_90", "entries": entries,
+        "provenance": {"exported_at": "2026-11-30T06:39:18+00:00", "devices": ["NVIDIA H200"], "sm_counts": [132],
+                       "hosts": ["old"], "sweep_ids": [81], "toolchains": [{"triton": "3.6.0"}]}}))
+
+
+def test_merge_keeps_the_old_entries_the_database_cannot_replace(tmp_path):
+    engine = _database(tmp_path, newer_winner_ms=1.5)
+    out = tmp_path / "out"
+    _previous_table(out, {"a": {SHAPE: {"config": {"BLOCK": 8}}, "n=7": {"config": {"BLOCK": 4}}},
+                          "c": {"n=1": {"config": {"BLOCK": 2}}}, "skipped": {"n=1": {"config": {"BLOCK": 2}}}})
+    path, _ = export_table(engine, "sm_90", out, skip=["skipped"], merge=True)
+    table = json.loads(path.read_text())
+    assert table["entries"]["a"][SHAPE]["config"] == {"BLOCK": 32}  # the database's winner replaces the old entry
+    assert table["entries"]["a"]["n=7"]["config"] == {"BLOCK": 4}
+    assert table["entries"]["c"] == {"n=1": {"config": {"BLOCK": 2}}}
+    assert "skipped" not in table["entries"]
+    provenance = table["provenance"]
+    assert provenance["kept_from"] == {"exported_at": "2026-11-30T06:39:18+00:00", "entries": {"a": 1, "c": 1}}
+    assert provenance["sweep_ids"] == [3, 4, 81] and "old" in provenance["hosts"]
+
+
+def test_without_merge_the_old_table_is_replaced(tmp_path):
+    engine = _database(tmp_path, newer_winner_ms=1.5)
+    _previous_table(tmp_path / "out", {"c": {"n=1": {"config": {"BLOCK": 2}}}})
+    table = json.loads(export_table(engine, "sm_90", tmp_path / "out")[0].read_text())
+    assert set(table["entries"]) == {"a", "b"} and "kept_from" not in table["provenance"]
+
+
+def test_merge_refuses_a_table_of_another_arch_and_writes_nothing(tmp_path):
+    engine = _database(tmp_path, newer_winner_ms=1.5)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "sm_90.json").write_text(json.dumps({"schema_version": 1, "arch": "gfx942", "entries": {}}))
+    with pytest.raises(NothingToExport, match="not a schema-1 table of arch 'sm_90'"):
+        export_table(engine, "sm_90", out, merge=True)
+    assert json.loads((out / "sm_90.json").read_text())["arch"] == "gfx942"

@@ -169,9 +169,11 @@ def export(arch: Annotated[str, typer.Option(help="arch to export, e.g. sm_90")]
            fastest: Annotated[Optional[list[str]], typer.Option(
                help="for this kernel (repeatable; 'all': every kernel) take the fastest winner of any sweep, "
                     "not the newest sweep's: for kernels unchanged since the older sweep")] = None,
+           merge: Annotated[bool, typer.Option(
+               help="keep the existing table's entries for (kernel, shape) pairs the database has no trial for")] = False,
            ) -> None:
     """Write the tuned table of ARCH from the database; warn where an older sweep's winner was faster."""
-    path, slower = export_table(state.engine, arch, out, skip_kernel or (), fastest or ())
+    path, slower = export_table(state.engine, arch, out, skip_kernel or (), fastest or (), merge)
     typer.echo(f"wrote {path}")
     for line in slower:
         typer.echo(f"warning: {line} (--fastest KERNEL takes the faster one)", err=True)

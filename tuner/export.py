@@ -6,7 +6,10 @@ stale), else the fastest ``ok`` trial. A newer sweep can also be a smaller re-ru
 what an older one found; :func:`regressions` names every such entry, and ``fastest`` lists the
 kernels (or ``all``) whose entries take the fastest winner of any sweep instead, for kernels whose
 code has not changed since the older sweep. ``wrong`` configs can never be exported: only ``ok``
-rows are read. The file is written to a temporary name and renamed, so a reader never
+rows are read. With ``merge``, the entries of the table already at the output path are kept
+for every (kernel, shape) the database has no trial for (a sweep database lost or kept
+elsewhere, a re-sweep of some kernels only); the provenance then says which entries were kept
+and from which export. The file is written to a temporary name and renamed, so a reader never
 sees half a table.
 """
 
@@ -105,29 +108,66 @@ def build_table(trials: list[Trial], arch: str, skipped: Sequence[str] = (),
     }
 
 
+def _merged(table: dict[str, Any], previous: dict[str, Any], skip: Sequence[str]) -> dict[str, Any]:
+    """``table`` plus the ``previous`` table's entries of (kernel, shape) pairs it lacks (not of skipped
+    kernels), the provenance's lists joined and the kept entries counted per kernel."""
+    kept: dict[str, int] = {}
+    for kernel, shapes in previous.get("entries", {}).items():
+        if kernel in skip:
+            continue
+        for key, entry in shapes.items():
+            if key not in table["entries"].get(kernel, {}):
+                table["entries"].setdefault(kernel, {})[key] = entry
+                kept[kernel] = kept.get(kernel, 0) + 1
+    if not kept:
+        return table
+    old, new = previous.get("provenance", {}), table["provenance"]
+    for field in ("devices", "sm_counts", "hosts", "sweep_ids"):
+        new[field] = sorted(set(new[field]) | set(old.get(field, [])))
+    new["toolchains"] = new["toolchains"] + [t for t in old.get("toolchains", []) if t not in new["toolchains"]]
+    new["kept_from"] = {"exported_at": old.get("exported_at"), "entries": dict(sorted(kept.items()))}
+    return table
+
+
+def _previous_table(path: Path, arch: str) -> dict[str, Any]:
+    try:
+        previous = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise NothingToExport(f"--merge: cannot read the table {path}: {exc}") from None
+    if previous.get("schema_version") != TABLE_SCHEMA_VERSION or previous.get("arch") != arch:
+        raise NothingToExport(f"--merge: {path} is not a schema-{TABLE_SCHEMA_VERSION} table of arch {arch!r}")
+    return previous
+
+
 def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: Sequence[str] = (),
-                 fastest: Sequence[str] = ()) -> tuple[Path, list[str]]:
+                 fastest: Sequence[str] = (), merge: bool = False) -> tuple[Path, list[str]]:
     """Write ``<out_dir>/<arch>.json`` atomically; its path and the :func:`regressions` of what it holds.
 
     ``skip`` leaves kernels out (their launches then use the heuristic default), e.g. while
     their sweeps are known to be unfinished; ``fastest`` (see :func:`best_trials`). The table's
-    provenance lists both.
+    provenance lists both. ``merge`` keeps the existing table's entries the database cannot
+    replace (see the module doc).
     """
     rows = _ok_trials(engine, arch)
     trials = _choose(rows, fastest)
     for option, kernels in (("--skip-kernel", set(skip)), ("--fastest", set(fastest) - {ALL})):
         unknown = sorted(kernels - {t.kernel for t in trials})
-        if unknown:
+        if unknown and not (merge and option == "--skip-kernel"):
             raise NothingToExport(f"{option}: no ok trials of {unknown} for arch {arch!r} in the database")
     trials = [t for t in trials if t.kernel not in skip]
     if not trials:
         raise NothingToExport(f"no ok trials for arch {arch!r} in the database")
     path = table_path(arch, out_dir)
+    table = build_table(trials, arch, skip, fastest)
+    if merge:
+        table = _merged(table, _previous_table(path, arch), skip)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{arch}.", suffix=".json")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(build_table(trials, arch, skip, fastest), f, indent=1, sort_keys=True)
+            json.dump(table, f, indent=1, sort_keys=True)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:
