@@ -58,6 +58,7 @@ import torch.nn.functional as F
 from torch import Tensor
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.arch import INTERPRETER_ARCH, current_arch
 from kernels.launch import launch
@@ -96,15 +97,43 @@ def _mma(a, b, acc, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _load_a(a_ref, rows, row_mask, first_row, k0, K, BLOCK_K: tl.constexpr, TMA: tl.constexpr):
+    """The ``[BLOCK_M, BLOCK_K]`` A tile at K offset k0: by the tensor-memory accelerator from a
+    ``[T, K]`` descriptor (rows past the tile's expert and the K edge come back as the next
+    expert's rows or zeros; the epilogue masks those rows), else by masked pointer loads."""
+    if TMA:
+        return a_ref.load([first_row, k0])
+    ks = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(a_ref + rows[:, None] * K + ks[None, :], mask=row_mask[:, None] & (ks < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _load_b(b_ref, expert, n0, k0, K, N, stride_be, stride_bk, stride_bn,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr, B_KMAJOR: tl.constexpr):
+    """The ``[BLOCK_K, BLOCK_N]`` tile of ``B_e`` at (k0, n0): by TMA from the weight's own 3-D descriptor
+    (``[E, N, K]`` when B_KMAJOR, else ``[E, K, N]``; its edges are zero-filled per expert), else by
+    masked pointer loads from the ``[E, K, N]`` strides."""
+    if TMA:
+        if B_KMAJOR:
+            return tl.trans(b_ref.load([expert, n0, k0]).reshape([BLOCK_N, BLOCK_K]))
+        return b_ref.load([expert, k0, n0]).reshape([BLOCK_K, BLOCK_N])
+    ks = k0 + tl.arange(0, BLOCK_K)
+    cols = n0 + tl.arange(0, BLOCK_N)
+    ptrs = b_ref + expert.to(tl.int64) * stride_be + ks[:, None] * stride_bk + cols[None, :] * stride_bn
+    return tl.load(ptrs, mask=(ks < K)[:, None] & (cols < N)[None, :], other=0.0)
+
+
+@triton.jit
 def _grouped_gemm_kernel(
-    a_ptr, b_ptr, table_ptr, out_ptr, scale_ptr, gu_ptr, partial_ptr,
+    a_ref, b_ref, table_ptr, out_ptr, scale_ptr, gu_ptr, partial_ptr,
     tiles_m, N, K, stride_be, stride_bk, stride_bn,
     EPILOGUE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, UPCAST: tl.constexpr,
+    GROUP_M: tl.constexpr, TMA: tl.constexpr, B_KMAJOR: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """``acc = A[rows] @ B_e[:, cols]`` for one tile of one expert's rows, then EPILOGUE.
 
-    A is ``[T, K]`` row-major; ``B_e[k, n]`` is at ``b + e*stride_be + k*stride_bk + n*stride_bn``.
+    A is ``[T, K]`` row-major; ``B_e[k, n]`` is at ``b + e*stride_be + k*stride_bk + n*stride_bn``
+    (with TMA, ``a_ref`` and ``b_ref`` are descriptors instead, see ``_load_a`` / ``_load_b``).
     EPILOGUE: "swiglu" (also multiplies by the up half of B, columns N..2N; stores a and gu),
     "scale" (rows times scale), "swiglu_bwd" (stores dgu and dw partials), "plain".
     """
@@ -113,24 +142,24 @@ def _grouped_gemm_kernel(
     expert = tl.load(table_ptr + pid_m)
     if expert < 0:
         return
-    rows = tl.load(table_ptr + tiles_m + pid_m) + tl.arange(0, BLOCK_M)
+    first_row = tl.load(table_ptr + tiles_m + pid_m)
+    rows = first_row + tl.arange(0, BLOCK_M)
     row_mask = rows < tl.load(table_ptr + 2 * tiles_m + pid_m)
     rows = rows.to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n0 = pid_n * BLOCK_N
+    cols = n0 + tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    b_tile = b_ptr + expert.to(tl.int64) * stride_be + cols[None, :] * stride_bn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if EPILOGUE == "swiglu":
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_mask = ks < K
-        a = tl.load(a_ptr + rows[:, None] * K + ks[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        b_offsets = ks[:, None] * stride_bk
-        b_mask = k_mask[:, None] & col_mask[None, :]
-        acc = _mma(a, tl.load(b_tile + b_offsets, mask=b_mask, other=0.0), acc, UPCAST)
+        a = _load_a(a_ref, rows, row_mask, first_row, k0, K, BLOCK_K, TMA)
+        b = _load_b(b_ref, expert, n0, k0, K, N, stride_be, stride_bk, stride_bn, BLOCK_N, BLOCK_K, TMA, B_KMAJOR)
+        acc = _mma(a, b, acc, UPCAST)
         if EPILOGUE == "swiglu":
-            acc_up = _mma(a, tl.load(b_tile + N * stride_bn + b_offsets, mask=b_mask, other=0.0), acc_up, UPCAST)
+            b_up = _load_b(b_ref, expert, N + n0, k0, K, 2 * N, stride_be, stride_bk, stride_bn, BLOCK_N, BLOCK_K,
+                           TMA, B_KMAJOR)
+            acc_up = _mma(a, b_up, acc_up, UPCAST)
 
     mask = row_mask[:, None] & col_mask[None, :]
     offsets = rows[:, None] * N + cols[None, :]
@@ -217,6 +246,30 @@ def _tile_constexprs(config: Config) -> dict[str, Any]:
             "UPCAST": current_arch() == INTERPRETER_ARCH}
 
 
+def _tma_ready(t: Tensor) -> bool:
+    """Whether TMA can address ``t``: not empty, unit last stride, 16-byte aligned base and other strides."""
+    size = t.element_size()
+    return (t.numel() > 0 and t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(stride * size % 16 == 0 for stride in t.stride()[:-1]))
+
+
+def _operands(a: Tensor, b: Tensor, config: Config) -> tuple[Any, Any, dict[str, Any]]:
+    """The A and B arguments of ``_grouped_gemm_kernel`` and its TMA constexprs.
+
+    With ``TMA`` set (and tensors TMA can address; otherwise the pointer path runs), A gets a
+    ``[T, K]`` descriptor and B one over the weight tensor itself, ``[E, N, K]`` (K-major, e.g.
+    W13 seen as ``[E, D, 2F]``) or ``[E, K, N]``, so that each expert's edges are zero-filled.
+    """
+    weight = b.transpose(1, 2) if b.stride(1) == 1 else b
+    kmajor = weight is not b
+    if not config.get("TMA") or not (_tma_ready(a) and _tma_ready(weight)):
+        return a, b, {"TMA": False, "B_KMAJOR": kmajor}
+    block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    b_block = [1, block_n, block_k] if kmajor else [1, block_k, block_n]
+    return (TensorDescriptor.from_tensor(a, [block_m, block_k]), TensorDescriptor.from_tensor(weight, b_block),
+            {"TMA": True, "B_KMAJOR": kmajor})
+
+
 def _gemm(
     a: Tensor,
     b: Tensor,
@@ -233,12 +286,13 @@ def _gemm(
     n_rows, k = a.shape
     n = b.shape[2] // 2 if epilogue == "swiglu" else b.shape[2]
     table, tiles_m = _tile_table(offsets, config["BLOCK_M"], n_rows)
+    a_ref, b_ref, tma = _operands(a, b, config)
     launch(
         _grouped_gemm_kernel,
         (tiles_m * triton.cdiv(n, config["BLOCK_N"]),),
-        (a, b, table, out, out if scale is None else scale, out if gu is None else gu,
+        (a_ref, b_ref, table, out, out if scale is None else scale, out if gu is None else gu,
          out if partial is None else partial, tiles_m, n, k, *b.stride()),
-        {"EPILOGUE": epilogue, **_tile_constexprs(config)},
+        {"EPILOGUE": epilogue, **_tile_constexprs(config), **tma},
         config,
         compile_only,
     )
@@ -539,7 +593,7 @@ def _default_gemm_config(shape: Shape, block_n: int = 128) -> Config:
     """Row tiles about one expert's load (64-128 rows at the V4 presets), 64-deep K steps."""
     t, e, _, _ = _dims(shape)
     block_m = min(128, max(32, triton.next_power_of_2(triton.cdiv(t, e))))
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 64, "GROUP_M": 8,
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 64, "GROUP_M": 8, "TMA": 0,
             "num_warps": 8 if block_m == 128 else 4, "num_stages": 3}
 
 

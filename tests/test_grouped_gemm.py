@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import grouped_gemm, registry
+from kernels import grouped_gemm, registry, tuning
 from kernels.arch import kernel_device
 from kernels.grouped_gemm import SWIGLU_CLAMP, expert_mlp, expert_mlp_reference
 from tests.kernel_checks import (assert_config_matches_reference, assert_defaults_fit_space, assert_seeded_random_inputs, spy_on_resolve)
@@ -62,8 +62,22 @@ LOADS = [
 ]
 
 
+ROW_GEMMS = ("expert_up_fwd", "expert_down_fwd", "expert_down_bwd_dx", "expert_up_bwd_dx")
+
+
+@pytest.fixture(params=[False, True], ids=["pointers", "tma"])
+def row_gemm_loads(request, monkeypatch):
+    """Run the row-tile GEMMs by masked pointer loads (their defaults) or, overridden, by TMA descriptors."""
+    if request.param:
+        for name in ROW_GEMMS:
+            monkeypatch.setenv(f"TUNER_CONFIG_{name.upper()}", '{"TMA": 1, "BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}')
+    tuning.clear_cache()
+    yield request.param
+    tuning.clear_cache()
+
+
 @pytest.mark.parametrize(("loads", "hidden", "ffn"), LOADS)
-def test_expert_mlp_forward_and_gradients_match_eager(loads, hidden, ffn):
+def test_expert_mlp_forward_and_gradients_match_eager(loads, hidden, ffn, row_gemm_loads):
     p = _problem(loads, hidden, ffn, seed=sum(loads) + hidden)
     leaves = {k: p[k].clone().requires_grad_() for k in ("x", "weights", "w13", "w2")}
     y = expert_mlp(leaves["x"], p["offsets"], leaves["weights"], leaves["w13"], leaves["w2"])
@@ -133,14 +147,18 @@ def test_tile_table_covers_every_row_once(block_m):
 
 
 CONFIGS = [
-    {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 1, "num_stages": 1},
+    {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 1, "num_stages": 1, "TMA": 0},
     # K steps past the edge of D = 40 and F = 24; swizzle groups of 4 over a ragged row-tile count.
-    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 2, "num_stages": 2},
-    {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 64, "GROUP_M": 2, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 2, "num_stages": 2, "TMA": 0},
+    {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 64, "GROUP_M": 2, "num_warps": 4, "num_stages": 3, "TMA": 0},
+    # TMA descriptors (the weight-gradient launches have no TMA path and ignore it): tiles past
+    # the expert's rows, the K edge and, for W13's gate half, into the up rows.
+    {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 1, "num_stages": 1, "TMA": 1},
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 2, "num_stages": 2, "TMA": 1},
 ]
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=["16-16-16", "16-32-32", "32-16-64"])
+@pytest.mark.parametrize("config", CONFIGS, ids=["16-16-16", "16-32-32", "32-16-64", "tma-16-16-16", "tma-16-32-32"])
 @pytest.mark.parametrize("name", LAUNCHES)
 def test_tuned_configs_match_reference(name, config):
     assert_config_matches_reference(registry.get(name), config, seed=3)
