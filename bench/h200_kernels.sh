@@ -5,9 +5,10 @@
 #   parity: the parity tests of TESTS (default: the block kernels') on the GPU (at most
 #           PARITY_SECONDS);
 #   sweep: the sweeps of bench/sweep_specs.py through the service on all GPUs (bounded by
-#          SWEEP_SECONDS; GROUP=gemm|memory|attention for one group, SPECS=GLOB for some of
+#          SWEEP_SECONDS; GROUP=gemm|memory|attention|tma for one group, SPECS=GLOB for some of
 #          its spec files, e.g. '02-*'), then the sm_90 export
-#          (EXPORT_ARGS: e.g. --skip-kernel K for launches whose sweeps are stale);
+#          (EXPORT_ARGS: e.g. --skip-kernel K for launches whose sweeps are stale, --merge to keep
+#          the committed table's entries this database has no trials for);
 #   bench: tuned vs default vs eager (and the expert GEMMs' peers) at every preset shape, with
 #          the table given as TABLE (default: the committed one), bounded by BENCH_SECONDS
 #          (KERNELS=a,b,... or a group name gemm|memory|attention for some launches only).
@@ -40,6 +41,7 @@ sweep)
     | grep -v '━' | tail -50 | tee -a "$out/log.txt"
   python -m tuner.cli --db "sqlite:///$db" sweep list 2>&1 | tail -45 | tee -a "$out/log.txt"
   step "export"
+  [ -f "$out/sm_90.json" ] || cp kernels/tables/sm_90.json "$out/"  # what EXPORT_ARGS=--merge keeps entries of
   python -m tuner.cli --db "sqlite:///$db" export --arch sm_90 --out "$out" ${EXPORT_ARGS:-} 2>&1 | tail -3 | tee -a "$out/log.txt"
   cp "$db" "$out/h200.db"
   ;;

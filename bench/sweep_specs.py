@@ -14,7 +14,7 @@ same shapes, swept once.
 
 Every sweep measures the kernel's heuristic default first (the runner enqueues it).
 
-Usage: python bench/sweep_specs.py OUT_DIR [GROUP]  (gemm, memory or attention; default gemm and memory)
+Usage: python bench/sweep_specs.py OUT_DIR [GROUP]  (gemm, memory, attention or tma; default gemm and memory)
 """
 
 from __future__ import annotations
@@ -78,12 +78,34 @@ def attention_specs() -> list[tuple[str, dict]]:
     return specs
 
 
+# The TMA comparison: pointer loads against TMA descriptors over the tiles that suit the H200
+# (8 warps, 128-row tiles), as a grid, at the balanced-load shapes of both models.
+TMA_SPACES = {
+    "expert_up_fwd": {"BLOCK_M": [128], "BLOCK_N": [64, 128], "BLOCK_K": [64, 128], "GROUP_M": [8], "TMA": [0, 1],
+                      "num_warps": [8], "num_stages": [3, 4], "maxnreg": [None]},
+    "expert_down_fwd": {"BLOCK_M": [128], "BLOCK_N": [128, 256], "BLOCK_K": [64, 128], "GROUP_M": [8], "TMA": [0, 1],
+                        "num_warps": [8], "num_stages": [3, 4], "maxnreg": [None]},
+}
+
+
+def tma_specs() -> list[tuple[str, dict]]:
+    """Grids of TMA_SPACES at every balanced-load (skew 0) preset shape of Flash and Pro."""
+    specs = []
+    for kernel, space in TMA_SPACES.items():
+        shapes = [s for p in ("v4-flash", "v4-pro") for s in registry.get(kernel).presets[p] if s["skew"] == 0]
+        specs.append((f"{kernel}-tma", {"kernel": kernel, "shapes": shapes, "arch": "sm_90", "space": space,
+                                        "strategy": {"name": "grid"}}))
+    return specs
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     group = sys.argv[2] if len(sys.argv) > 2 else None
     if group == "attention":
         specs = attention_specs()
+    elif group == "tma":
+        specs = tma_specs()
     else:
         kernels = GROUPS[group] if group else (*EXPERT_GEMMS, *MEMORY_BOUND)  # GEMMs first
         specs = [(f"{k}-{p}", spec(k, p)) for k in kernels for p in ("v4-flash", "v4-pro")]
