@@ -17,7 +17,7 @@
 #     GROUP=attention KERNELS=attention TABLE=$OUT/sm_90.json bash bench/h200_kernels.sh parity sweep bench
 set -uo pipefail
 out=${OUT:-/tmp/out}; mkdir -p "$out"
-db=.sweepdb/h200.db
+db=.sweepdb/h200.db; mkdir -p .sweepdb  # a fresh host has no copy of the sweep database: start one
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-block
 step() { echo "== $(date -u +%T) $*" | tee -a "$out/log.txt"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee -a "$out/log.txt"
