@@ -101,10 +101,12 @@ def _load_a(a_ref, rows, row_mask, first_row, k0, K, BLOCK_K: tl.constexpr, TMA:
     """The ``[BLOCK_M, BLOCK_K]`` A tile at K offset k0: by the tensor-memory accelerator from a
     ``[T, K]`` descriptor (rows past the tile's expert and the K edge come back as the next
     expert's rows or zeros; the epilogue masks those rows), else by masked pointer loads."""
-    if TMA:
-        return a_ref.load([first_row, k0])
-    ks = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(a_ref + rows[:, None] * K + ks[None, :], mask=row_mask[:, None] & (ks < K)[None, :], other=0.0)
+    if TMA:  # constexpr branches, each with its own value: Triton compiles code after a constexpr return
+        a = a_ref.load([first_row, k0])
+    else:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ref + rows[:, None] * K + ks[None, :], mask=row_mask[:, None] & (ks < K)[None, :], other=0.0)
+    return a
 
 
 @triton.jit
@@ -115,12 +117,15 @@ def _load_b(b_ref, expert, n0, k0, K, N, stride_be, stride_bk, stride_bn,
     masked pointer loads from the ``[E, K, N]`` strides."""
     if TMA:
         if B_KMAJOR:
-            return tl.trans(b_ref.load([expert, n0, k0]).reshape([BLOCK_N, BLOCK_K]))
-        return b_ref.load([expert, k0, n0]).reshape([BLOCK_K, BLOCK_N])
-    ks = k0 + tl.arange(0, BLOCK_K)
-    cols = n0 + tl.arange(0, BLOCK_N)
-    ptrs = b_ref + expert.to(tl.int64) * stride_be + ks[:, None] * stride_bk + cols[None, :] * stride_bn
-    return tl.load(ptrs, mask=(ks < K)[:, None] & (cols < N)[None, :], other=0.0)
+            b = tl.trans(b_ref.load([expert, n0, k0]).reshape([BLOCK_N, BLOCK_K]))
+        else:
+            b = b_ref.load([expert, k0, n0]).reshape([BLOCK_K, BLOCK_N])
+    else:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        cols = n0 + tl.arange(0, BLOCK_N)
+        ptrs = b_ref + expert.to(tl.int64) * stride_be + ks[:, None] * stride_bk + cols[None, :] * stride_bn
+        b = tl.load(ptrs, mask=(ks < K)[:, None] & (cols < N)[None, :], other=0.0)
+    return b
 
 
 @triton.jit

@@ -22,6 +22,7 @@ import torch
 from kernels import registry
 from kernels.arch import INTERPRETER_ARCH, current_arch, kernel_device
 from workers.device_info import describe_device
+from workers.errors import error_text
 from workers.timing import measure
 
 # Compile-time failures of a config (as opposed to faults of the process).
@@ -78,7 +79,7 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
     try:
         outputs = _as_tuple(kernel.run(inputs, config))
     except COMPILE_ERRORS as exc:
-        return {"status": "compile_error", "error": f"{type(exc).__name__}: {exc}"[:4000]}
+        return {"status": "compile_error", "error": error_text(exc)}
     if on_gpu:
         torch.cuda.synchronize()
     problem = mismatch(outputs, reference, request["atol"], request["rtol"])

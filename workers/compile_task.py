@@ -14,7 +14,6 @@ on its first launch rather than recorded as a compile error.
 from __future__ import annotations
 
 import os
-import traceback
 from typing import Any
 
 import ray
@@ -22,6 +21,7 @@ import torch
 
 from kernels import registry
 from kernels.arch import kernel_device
+from workers.errors import error_text
 
 _inputs: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -40,7 +40,7 @@ def compile_one(kernel_name: str, shape: dict[str, int], config: dict[str, Any])
     except torch.OutOfMemoryError:
         return {"status": "ok"}  # not the config's fault; the child compiles it when it launches
     except Exception as exc:  # noqa: BLE001 - every compiler failure is a result, not a fault
-        return {"status": "compile_error", "error": "".join(traceback.format_exception_only(exc))[-4000:]}
+        return {"status": "compile_error", "error": error_text(exc)}
     finally:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
