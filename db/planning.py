@@ -1,9 +1,13 @@
-"""SQLAlchemy models of the planner: per-layer profiles and the plans made from them.
+"""SQLAlchemy models of the planner: per-layer profiles, EP all-to-all profiles and the plans made from them.
 
 A profile row is one layer kind of one model measured on one GPU kind at one (seq, mbs, ep),
 with the kernel tables it ran with; measuring the same again replaces the row (its
 ``created_at`` moves on), so a plan that recorded the rows' ids and times can tell when it
-went stale. A plan row keeps the request, the chosen plan and the runners-up, the predicted
+went stale. An all-to-all row is the expert-parallel dispatch + combine of one MoE layer
+measured across ``ep`` GPUs of one node (``tuner profile alltoall``), keyed like the layer rows
+but without layer kind or kernel tables: it depends on neither (every V4 layer has the same MoE
+volume, and NCCL moves it whatever kernels run), so it is measured and stored once, survives a
+re-profile of the layers, and serves rows profiled later with other tables. A plan row keeps the request, the chosen plan and the runners-up, the predicted
 figures, the calibration and which profile rows and kernel tables it was computed from.
 """
 
@@ -44,8 +48,36 @@ class LayerProfile(Base):
     expert_params: Mapped[int | None] = mapped_column(BigInteger)  # of which expert weights (None: from the preset)
     optimizer_ms_per_param: Mapped[float | None] = mapped_column(Float)
     p2p_bytes: Mapped[int] = mapped_column(BigInteger)  # sent to the next stage per microbatch
-    alltoall_ms: Mapped[float | None] = mapped_column(Float)  # EP all-to-all inside forward_ms, intra-node
     kernel_tables: Mapped[str] = mapped_column(Text)
+    toolchain: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class AlltoallProfile(Base):
+    """One MoE layer's EP all-to-all at (gpu_kind, model, seq, mbs, ep), measured apart from the layer profiles.
+
+    ``alltoall_ms`` is what the planner adds to a MoE layer's forward (and, the gradients
+    moving the same volume back, to its backward and to its recompute): it is *not* inside
+    the layer rows' ``forward_ms``, which one GPU measures without any EP traffic.
+    """
+
+    __tablename__ = "tuner_alltoall_profiles"
+    __table_args__ = (UniqueConstraint("gpu_kind", "model", "seq", "mbs", "ep", name="uq_tuner_alltoall_profiles_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_kind: Mapped[str] = mapped_column(String(255), index=True)  # as the layer rows: "NVIDIA H200", "cpu"
+    model: Mapped[str] = mapped_column(String(64), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    mbs: Mapped[int] = mapped_column(Integer)
+    ep: Mapped[int] = mapped_column(Integer)
+    rows_per_rank: Mapped[int] = mapped_column(BigInteger)  # mbs * seq * experts_per_token (token, expert) rows
+    hidden: Mapped[int] = mapped_column(Integer)  # bf16 values per row
+    bytes_per_rank: Mapped[int] = mapped_column(BigInteger)  # leaving one rank per all-to-all (its own share stays)
+    dispatch_ms: Mapped[float] = mapped_column(Float)  # median over reps of the slowest rank
+    combine_ms: Mapped[float] = mapped_column(Float)
+    alltoall_ms: Mapped[float] = mapped_column(Float)  # dispatch + combine: one forward, intra-node
+    gbps: Mapped[float] = mapped_column(Float)  # bytes leaving a rank per second over both, in GB/s
+    reps: Mapped[int] = mapped_column(Integer)
     toolchain: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 

@@ -33,8 +33,7 @@ def flash_profiles(scale: float = 1.0) -> list[LayerCost]:
         f = forward * scale
         return LayerCost(layer_kind=kind, forward_ms=f, backward_ms=2 * f, recompute_backward_ms=3 * f,
                          activation_bytes=act, recompute_kept_bytes=kept, params=params + moe * experts,
-                         expert_params=moe * experts, optimizer_ms_per_param=8e-9, p2p_bytes=p2p,
-                         alltoall_ms=1.0 if moe else None)
+                         expert_params=moe * experts, optimizer_ms_per_param=8e-9, p2p_bytes=p2p)
 
     def layer(kind: str, forward: float, act_gb: float) -> LayerCost:
         return piece(kind, forward, int(act_gb * GB), 128 * MiB, 130_000_000, True, 128 * MiB)

@@ -1,5 +1,6 @@
 """Layer profiles in the database (SQLite, and PostgreSQL with ``--postgres-url``): the migration, newest
-row wins, the model's layer ids mapped to kinds, what the loader derives, and clear errors."""
+row wins, the model's layer ids mapped to kinds, what the loader derives, the EP all-to-all measured apart,
+and clear errors."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from sqlalchemy import inspect
 from db import open_database
 from db.engine import VERSION_TABLE
 from tuner.planner.profiles import (
-    ProfileError, ProfilesMissing, expert_params, load_costs, model_layer_kinds, store_profiles)
+    ProfileError, ProfilesMissing, expert_params, load_costs, model_layer_kinds, store_alltoall, store_profiles)
+from tuner.profile_alltoall import AlltoallCost, AlltoallShape
 from tuner.profile_layers import LayerCost
 from v4.config import load_preset
 
@@ -24,7 +26,14 @@ def measured(kind: str, forward: float = 5.0, expert: int | None = None, p2p: in
              optimizer: float | None = 1e-8) -> LayerCost:
     return LayerCost(layer_kind=kind, forward_ms=forward, backward_ms=2 * forward, recompute_backward_ms=2.9 * forward,
                      activation_bytes=3000 * MiB, recompute_kept_bytes=128 * MiB, params=900_000_000,
-                     expert_params=expert, optimizer_ms_per_param=optimizer, p2p_bytes=p2p, alltoall_ms=0.7)
+                     expert_params=expert, optimizer_ms_per_param=optimizer, p2p_bytes=p2p)
+
+
+def alltoall(engine, dispatch: float, combine: float, ep: int = 8) -> int:
+    shape = AlltoallShape(4096 * 6, 4096, ep)
+    return store_alltoall(engine, AlltoallCost(shape, dispatch, combine, reps=50), gpu_kind="NVIDIA H200",
+                          model="v4-flash", seq=4096, mbs=1, ep=ep, rows_per_rank=shape.rows, hidden=shape.hidden,
+                          bytes_per_rank=shape.bytes_per_rank)
 
 
 def test_schema_has_the_planner_tables(db_url: str) -> None:
@@ -87,6 +96,27 @@ def test_recorded_expert_params_are_kept(db_url: str) -> None:
     assert {l.expert_param_count for l in layers} == {800_000_000}
 
 
+def test_the_alltoall_is_stored_apart_and_given_to_every_moe_layer(db_url: str) -> None:
+    engine = open_database(db_url)
+    store_profiles(engine, [measured(k) for k in FLASH_KINDS], kernel_tables="eager", **KEY)
+    before = load_costs(engine, "NVIDIA H200", "v4-flash", 4096, 1, 8)
+    assert before.costs.alltoall_ms == (None,) * 44 and not before.alltoall_measured
+    first = alltoall(engine, 0.3, 0.2)
+    alltoall(engine, 0.9, 0.9, ep=4)  # another key: not this plan's
+    store_profiles(engine, [measured(k) for k in FLASH_KINDS], kernel_tables="eager", **KEY)  # re-profiled layers
+    loaded = load_costs(engine, "NVIDIA H200", "v4-flash", 4096, 1, 8)
+    assert loaded.costs.alltoall_ms == pytest.approx((0.5,) * 44)  # every decoder layer and the MTP layer
+    assert {l.forward_ms for l in loaded.costs.layers} == {5.0}  # not folded into the layer times
+    assert loaded.alltoall_measured and loaded.kernel_tables == "eager"
+    [row] = [r for r in loaded.rows if r.layer_kind == "alltoall"]
+    assert alltoall(engine, 0.4, 0.2) == row.id == first  # measured again: the row is replaced and newer
+    again = load_costs(engine, "NVIDIA H200", "v4-flash", 4096, 1, 8)
+    assert again.costs.alltoall_ms[0] == pytest.approx(0.6)
+    assert [r.created_at for r in again.rows if r.layer_kind == "alltoall"][0] > row.created_at
+    with pytest.raises(ProfileError, match=r"alltoall\.dispatch_ms"):
+        alltoall(engine, float("nan"), 0.2)
+
+
 def test_missing_kinds_and_bad_measurements(db_url: str) -> None:
     engine = open_database(db_url)
     store_profiles(engine, [measured(k) for k in FLASH_KINDS if k != "mtp"], kernel_tables="eager", **KEY)
@@ -96,7 +126,8 @@ def test_missing_kinds_and_bad_measurements(db_url: str) -> None:
         load_costs(engine, "NVIDIA H200", "v4-flash", 8192, 1, 8)
     for bad, match in [(dataclasses.replace(measured("mtp"), layer_kind="moe"), "layer_kind must be one of"),
                        (dataclasses.replace(measured("mtp"), forward_ms=-1.0), r"mtp\.forward_ms"),
-                       (dataclasses.replace(measured("mtp"), alltoall_ms=float("inf")), r"mtp\.alltoall_ms")]:
+                       (dataclasses.replace(measured("mtp"), optimizer_ms_per_param=float("inf")),
+                        r"mtp\.optimizer_ms_per_param")]:
         with pytest.raises(ProfileError, match=match):
             store_profiles(engine, [bad], kernel_tables="eager", **KEY)
     with pytest.raises(ProfileError, match="one measurement per layer kind"):

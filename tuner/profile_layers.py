@@ -19,7 +19,12 @@ layer fits next to nothing else. Per piece, for one microbatch of ``mbs × seq``
   of ``MixedPrecisionAdamW.step`` over the piece's trainable parameters, divided by their count;
 * ``p2p_bytes``: what the piece's stage would send on per microbatch: the four mHC streams
   ``[mbs, seq, 4, hidden]`` (the MTP layer adds its ``[mbs, seq, hidden]`` output; the head sends
-  nothing). ``alltoall_ms`` is not measured on one device and is left None.
+  nothing).
+
+Not in any of these times: the expert-parallel all-to-all. One device has no EP peers, so the
+dispatch and combine a MoE layer runs with ``ep > 1`` are measured apart, across ``ep`` GPUs of
+one node, by ``tuner profile alltoall`` (``tuner.profile_alltoall``); the planner adds that time
+to each MoE layer's forward, backward and recompute.
 
 Timing: CUDA events around each phase after ``warmup`` rounds, the median of ``reps`` rounds on
 a GPU; the wall clock (``time.perf_counter``) on the CPU. With ``trace_dir``, one more round of
@@ -36,7 +41,8 @@ experts, so the local experts together receive ``mbs · seq · k`` (token, exper
 over all experts. The hash-routed layers' token→expert table is uniform over the local experts
 by construction; learned routing from the random initial gate is near-uniform. The gate itself
 is then ``experts / N`` rows instead of ``experts`` (router FLOPs ``2 · hidden · experts`` per
-token, under 1 % of a V4-Flash layer), and the dispatch / combine all-to-all is not timed.
+token, under 1 % of a V4-Flash layer), and the dispatch / combine all-to-all is not timed here
+(see above).
 """
 
 from __future__ import annotations
@@ -77,7 +83,6 @@ class LayerCost:
     expert_params: int
     optimizer_ms_per_param: float
     p2p_bytes: int
-    alltoall_ms: float | None = None
     selective_kept_bytes: dict[str, int] | None = None
 
 

@@ -1,4 +1,5 @@
-"""``tuner train run|queue|list|show|cancel`` and ``tuner profile layers``: measured V4 training runs and layer costs.
+"""``tuner train run|queue|list|show|cancel`` and ``tuner profile layers|alltoall``: measured V4 training runs, layer
+costs and the expert-parallel all-to-all.
 
 Registered on the main app by ``register(app)``; the database URL is the main app's ``--db``
 (or ``TUNER_DB_URL``), read from the root command's parameters.
@@ -19,19 +20,21 @@ from tuner.cli_errors import reporting
 from tuner.display import console
 from tuner.planner import profiles
 from tuner.planner.layout import parse_layout
+from tuner.profile_alltoall import alltoall_shape
 from tuner.profile_layers import ProfileError, gpu_kind, profile_layers
 from tuner.provenance import kernel_tables, tables_key
 from tuner.serve import owner_name
-from tuner.train_serve import connect_ray, execute
+from tuner.train_serve import connect_ray, execute, resolve_device
 from v4.config import PresetError, load_preset
 from v4.ops import KERNEL_CHOICES
+from workers.alltoall_runner import AlltoallRunError, run_alltoall
 from workers.device_info import describe_device
 
 train_app = typer.Typer(help="Run, queue and inspect measured V4 training runs.", no_args_is_help=True)
 profile_app = typer.Typer(help="Measure per-layer costs for the planner.", no_args_is_help=True)
 
 USER_ERRORS = (train_queue.TrainRequestError, train_queue.TrainRunNotFound, ProfileError, profiles.ProfileError,
-               PresetError, DatabaseError)
+               PresetError, DatabaseError, AlltoallRunError)
 
 
 def register(app: typer.Typer) -> None:
@@ -187,3 +190,55 @@ def profile_layers_command(
     profiles.store_profiles(engine, costs, gpu_kind=kind, gpu_memory_bytes=memory, model=config.name, seq=seq, mbs=mbs,
                             ep=ep, kernel_tables=tables, toolchain=describe_device()["versions"])
     console.print(train_display.profile_table(costs, f"{config.name} on {kind}: seq {seq}, mbs {mbs}, ep {ep}, {tables}"))
+
+
+def _ranks_per_node(device: str) -> tuple[int, int]:
+    """(the most GPUs, or CPUs, one alive Ray node has; the cluster's total) for ``device``."""
+    resource = "GPU" if device == "cuda" else "CPU"
+    counts = [int(node["Resources"].get(resource, 0)) for node in ray.nodes() if node.get("Alive")]
+    return max(counts, default=0), sum(counts)
+
+
+@profile_app.command("alltoall")
+@_user_errors
+def profile_alltoall_command(
+    ctx: typer.Context, model: Model, seq: Seq,
+    ep: Annotated[int, typer.Option(help="expert-parallel ranks, all on one node (>= 2)")],
+    mbs: Mbs = 1, device: Device = "auto",
+    warmup: Annotated[int, typer.Option(help="untimed rounds")] = 5,
+    reps: Annotated[Optional[int], typer.Option(help="timed rounds, median taken (default: 100 on GPU, 20 on CPU)")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", envvar="RAY_ADDRESS", help="join this Ray cluster (default: start a local one)")] = None,
+) -> None:
+    """Time one MoE layer's EP dispatch + combine on EP ranks of one node and store it for the planner."""
+    try:
+        config = load_preset(model)
+    except PresetError as exc:
+        raise ProfileError(f"model: {exc}") from None
+    shape = alltoall_shape(config, seq, mbs, ep)
+    if device not in ("auto", "cpu", "cuda"):
+        raise ProfileError(f"device: must be auto, cpu or cuda, got {device!r}")
+    if warmup < 0:
+        raise ProfileError(f"warmup: must be >= 0, got {warmup}")
+    if reps is not None and reps < 1:
+        raise ProfileError(f"reps: must be >= 1, got {reps}")
+    engine = _engine(ctx)
+    started = connect_ray(ray_address)
+    try:
+        device = resolve_device(device)
+        per_node, total = _ranks_per_node(device)
+        if ep > per_node:
+            unit = "GPUs" if device == "cuda" else "CPUs"
+            raise ProfileError(f"ep: {ep} ranks need {ep} {unit} on one node; the largest Ray node has {per_node} "
+                               f"({total} in the cluster): the all-to-all is measured inside one node")
+        with console.status(f"timing the all-to-all of {config.name} on {ep} {device} rank(s)"):
+            outcome = run_alltoall(shape, device, warmup, reps if reps is not None else 100 if device == "cuda" else 20)
+    finally:
+        if started:
+            ray.shutdown()
+    cost = outcome.cost
+    profiles.store_alltoall(engine, cost, gpu_kind=outcome.gpu_kind, model=config.name, seq=seq, mbs=mbs, ep=ep,
+                            rows_per_rank=shape.rows, hidden=shape.hidden, bytes_per_rank=shape.bytes_per_rank,
+                            toolchain=outcome.environment.get("versions", {}))
+    console.print(train_display.alltoall_table(
+        cost, f"{config.name} EP all-to-all on {ep} x {outcome.gpu_kind}: seq {seq}, mbs {mbs}"))

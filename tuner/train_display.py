@@ -1,10 +1,11 @@
-"""Rich rendering of training runs: the list, one run's summary and memory, and a plain-text loss curve."""
+"""Rich rendering of training runs (the list, one run's summary and memory, a plain-text loss curve) and of profiles."""
 
 from __future__ import annotations
 
 from rich.table import Table
 
 from db.training import TrainRun
+from tuner.profile_alltoall import AlltoallCost
 from tuner.profile_layers import LayerCost
 
 _BARS = "▁▂▃▄▅▆▇█"
@@ -96,4 +97,18 @@ def profile_table(costs: list[LayerCost], title: str) -> Table:
         table.add_row(c.layer_kind, f"{c.forward_ms:.3f}", f"{c.backward_ms:.3f}", f"{c.recompute_backward_ms:.3f}",
                       f"{c.activation_bytes / 2**20:.2f}", f"{c.recompute_kept_bytes / 2**20:.2f}", f"{c.params:,}",
                       f"{c.optimizer_ms_per_param * 1e6:.3f}", f"{c.p2p_bytes / 2**20:.2f}")
+    return table
+
+
+def alltoall_table(cost: AlltoallCost, title: str) -> Table:
+    """One MoE layer's dispatch, combine and their sum (one forward; the backward repeats it), with GB/s."""
+    shape = cost.shape
+    table = Table("phase", "ms", "MiB leaving a rank", "GB/s", title=title,
+                  caption=f"{shape.rows:,} rows x {shape.hidden} bf16 per rank over {shape.ep} ranks; "
+                          f"median of {cost.reps} rounds, slowest rank")
+    mib = shape.bytes_per_rank / 2**20
+    for phase, ms, count in (("dispatch", cost.dispatch_ms, 1), ("combine", cost.combine_ms, 1),
+                             ("forward (dispatch + combine)", cost.alltoall_ms, 2)):
+        gbps = count * shape.bytes_per_rank / (ms * 1e6) if ms > 0 else 0.0
+        table.add_row(phase, f"{ms:.3f}", f"{count * mib:.4g}", f"{gbps:.4g}")
     return table

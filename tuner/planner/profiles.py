@@ -6,6 +6,15 @@ replaces it (newest wins; ``created_at`` moves on). Loading takes, per layer kin
 of that (GPU kind, model, seq, mbs, ep), whatever its kernel tables, and maps every layer id of
 the model to its kind with the preset (``v4.config.layer_kind``: the attention type from the
 layer's compress ratio, hash routing for the first ``hash_layers`` layers, the MTP layer).
+
+The EP all-to-all (``tuner profile alltoall``) is stored apart, one row per (GPU kind, model,
+seq, mbs, ep) in ``tuner_alltoall_profiles``: it depends on neither the layer kind (every V4
+layer has the same MoE volume) nor the kernel tables, so the loader needs one lookup by the key
+it already has and gives the time to every MoE layer (all decoder layers and the MTP layer);
+a re-profile of the layers, or layers profiled later with other tables, neither wipes nor lacks
+it. Storing it on the layer rows instead would copy one number onto every kind and kernel path.
+The row is listed with the layer rows a plan was computed from (kind ``alltoall``), so a stored
+plan is stale once the all-to-all is measured again.
 """
 
 from __future__ import annotations
@@ -20,11 +29,12 @@ from sqlalchemy import Engine, select
 
 from db import session_scope
 from db.models import utcnow
-from db.planning import LAYER_KINDS, LayerProfile
+from db.planning import LAYER_KINDS, AlltoallProfile, LayerProfile
 from tuner.planner.costs import LayerCost, ProfiledCosts, StageExtras
 from v4.config import ModelConfig, layer_kind, load_preset
 
 EXTRA_KINDS = ("embedding", "head")
+ALLTOALL_KIND = "alltoall"  # how a plan lists the all-to-all row among its profile rows
 
 
 class ProfileError(ValueError):
@@ -47,7 +57,6 @@ class Measured(Protocol):
     params: int
     optimizer_ms_per_param: float | None
     p2p_bytes: int
-    alltoall_ms: float | None
 
 
 _NUMBERS = ("forward_ms", "backward_ms", "recompute_backward_ms", "activation_bytes", "recompute_kept_bytes",
@@ -57,7 +66,7 @@ _NUMBERS = ("forward_ms", "backward_ms", "recompute_backward_ms", "activation_by
 def _check(cost: Measured) -> None:
     if cost.layer_kind not in LAYER_KINDS:
         raise ProfileError(f"layer_kind must be one of {LAYER_KINDS}, got {cost.layer_kind!r}")
-    for name in _NUMBERS + ("optimizer_ms_per_param", "alltoall_ms", "expert_params"):
+    for name in _NUMBERS + ("optimizer_ms_per_param", "expert_params"):
         value = getattr(cost, name, None)
         if value is None and name not in _NUMBERS:
             continue
@@ -87,7 +96,7 @@ def store_profiles(engine: Engine, costs: Iterable[Measured], *, gpu_kind: str, 
             if row is None:
                 row = LayerProfile(layer_kind=cost.layer_kind, **key)
                 session.add(row)
-            for name in _NUMBERS + ("optimizer_ms_per_param", "alltoall_ms"):
+            for name in _NUMBERS + ("optimizer_ms_per_param",):
                 setattr(row, name, getattr(cost, name))
             row.expert_params = getattr(cost, "expert_params", None)
             row.selective_kept_bytes = getattr(cost, "selective_kept_bytes", None)
@@ -97,6 +106,44 @@ def store_profiles(engine: Engine, costs: Iterable[Measured], *, gpu_kind: str, 
             session.flush()
             ids.append(row.id)
     return ids
+
+
+class MeasuredAlltoall(Protocol):
+    """What ``tuner.profile_alltoall.AlltoallCost`` hands over."""
+
+    dispatch_ms: float
+    combine_ms: float
+    alltoall_ms: float
+    gbps: float
+    reps: int
+
+
+def store_alltoall(engine: Engine, cost: MeasuredAlltoall, *, gpu_kind: str, model: str, seq: int, mbs: int, ep: int,
+                   rows_per_rank: int, hidden: int, bytes_per_rank: int,
+                   toolchain: dict[str, Any] | None = None) -> int:
+    """Store one all-to-all measurement, replacing the row with the same key; returns its id."""
+    for name in ("dispatch_ms", "combine_ms", "alltoall_ms", "gbps"):
+        value = getattr(cost, name)
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ProfileError(f"alltoall.{name} must be a finite number >= 0, got {value!r}")
+    key = dict(gpu_kind=gpu_kind, model=model, seq=seq, mbs=mbs, ep=ep)
+    with session_scope(engine) as session:
+        row = session.scalars(select(AlltoallProfile).filter_by(**key)).one_or_none()
+        if row is None:
+            row = AlltoallProfile(**key)
+            session.add(row)
+        row.rows_per_rank, row.hidden, row.bytes_per_rank = rows_per_rank, hidden, bytes_per_rank
+        row.dispatch_ms, row.combine_ms, row.alltoall_ms = cost.dispatch_ms, cost.combine_ms, cost.alltoall_ms
+        row.gbps, row.reps, row.toolchain, row.created_at = cost.gbps, cost.reps, toolchain or {}, utcnow()
+        session.flush()
+        return row.id
+
+
+def stored_alltoall(engine: Engine, gpu_kind: str, model: str, seq: int, mbs: int, ep: int) -> AlltoallProfile | None:
+    """The all-to-all measured at the key, or None."""
+    with session_scope(engine) as session:
+        return session.scalars(select(AlltoallProfile).filter_by(
+            gpu_kind=gpu_kind, model=model, seq=seq, mbs=mbs, ep=ep)).one_or_none()
 
 
 @dataclass(frozen=True)
@@ -123,8 +170,13 @@ class LoadedCosts:
 
     @property
     def kernel_tables(self) -> str:
-        """The kernel tables the rows were measured with (one key, or several joined by ``+``)."""
-        return "+".join(sorted({r.kernel_tables for r in self.rows}))
+        """The kernel tables the layer rows were measured with (one key, or several joined by ``+``)."""
+        return "+".join(sorted({r.kernel_tables for r in self.rows if r.layer_kind != ALLTOALL_KIND}))
+
+    @property
+    def alltoall_measured(self) -> bool:
+        """Whether the EP all-to-all of the key was measured (``tuner profile alltoall``)."""
+        return any(r.layer_kind == ALLTOALL_KIND for r in self.rows)
 
 
 def model_layer_kinds(config: ModelConfig) -> list[str]:
@@ -171,7 +223,9 @@ def load_costs(engine: Engine, gpu_kind: str, model: str, seq: int, mbs: int, ep
     Every decoder layer and the MTP layer take their kind's costs; the embedding and the head
     become the stage extras. ``p2p_bytes`` is the most any stage boundary sends (after a decoder
     layer or the embedding); ``optimizer_ms_per_param`` the parameter-weighted mean over the
-    layers that measured it. Raises ProfilesMissing naming the missing kinds.
+    layers that measured it; ``alltoall_ms`` of every layer (all are MoE layers) the stored
+    all-to-all of the key, None when it was not measured. Raises ProfilesMissing naming the
+    missing kinds.
     """
     config = load_preset(model)
     kinds = model_layer_kinds(config)
@@ -209,6 +263,9 @@ def load_costs(engine: Engine, gpu_kind: str, model: str, seq: int, mbs: int, ep
     p2p = max(rows[k].p2p_bytes for k in set(kinds[:-1]) | {"embedding"})
     used = tuple(ProfileRow(rows[k].id, k, rows[k].created_at, rows[k].kernel_tables)
                  for k in sorted(set(kinds) | set(EXTRA_KINDS)))
+    alltoall = stored_alltoall(engine, gpu_kind, model, seq, mbs, ep)
+    if alltoall is not None:
+        used += (ProfileRow(alltoall.id, ALLTOALL_KIND, alltoall.created_at, ""),)
+    alltoall_ms = tuple(None if alltoall is None else alltoall.alltoall_ms for _ in kinds)
     memory = {rows[k].gpu_memory_bytes for k in rows} - {None}
-    return LoadedCosts(ProfiledCosts(layers, extras, tuple(rows[k].alltoall_ms for k in kinds), p2p, optimizer),
-                       used, min(memory) if memory else None)
+    return LoadedCosts(ProfiledCosts(layers, extras, alltoall_ms, p2p, optimizer), used, min(memory) if memory else None)
