@@ -17,8 +17,9 @@ from db import open_database, session_scope
 from db.planning import StoredPlan
 from tuner.cli import app
 from tuner.planner.layout import parse_layout
-from tuner.planner.profiles import load_costs, store_profiles
+from tuner.planner.profiles import load_costs, store_alltoall, store_profiles
 from tuner.planner.request import PlanRequest, current_tables_key, plan_request
+from tuner.profile_alltoall import AlltoallCost, AlltoallShape
 from tuner.profile_layers import LayerCost
 
 MiB, GB = 1 << 20, 10**9
@@ -44,10 +45,18 @@ def flash_profiles(scale: float = 1.0) -> list[LayerCost]:
             piece("head", 8.0, int(4.2 * GB), 256 * MiB, 530_000_000, False, 0)]
 
 
-def store(url: str, kinds: list[str] | None = None, tables: str = "eager", scale: float = 1.0) -> None:
+def store(url: str, kinds: list[str] | None = None, tables: str = "eager", scale: float = 1.0, ep: int = 8) -> None:
     costs = [c for c in flash_profiles(scale) if kinds is None or c.layer_kind in kinds]
     store_profiles(open_database(url), costs, gpu_kind="NVIDIA H200", gpu_memory_bytes=None, model="v4-flash",
-                   seq=4096, mbs=1, ep=8, kernel_tables=tables)
+                   seq=4096, mbs=1, ep=ep, kernel_tables=tables)
+
+
+def store_a2a(url: str, dispatch: float, combine: float, ep: int = 8) -> None:
+    """What ``tuner profile alltoall`` stores for V4-Flash at seq 4096, mbs 1."""
+    shape = AlltoallShape(4096 * 6, 4096, ep)
+    store_alltoall(open_database(url), AlltoallCost(shape, dispatch, combine, 100), gpu_kind="NVIDIA H200",
+                   model="v4-flash", seq=4096, mbs=1, ep=ep, rows_per_rank=shape.rows, hidden=shape.hidden,
+                   bytes_per_rank=shape.bytes_per_rank)
 
 
 @pytest.fixture
@@ -167,3 +176,27 @@ def test_other_gpu_kind_refused_or_planned_from_profiles_with_a_label(db: str) -
     h200 = load_costs(open_database(db), "NVIDIA H200", "v4-flash", 4096, 1, 8).costs
     scaled_step = data["plans"][0]["step_ms"]
     assert scaled_step < 1.0 * sum(l.forward_ms + l.backward_ms for l in h200.layers) * 32  # faster than unscaled
+
+
+def test_an_unmeasured_alltoall_is_named_then_priced_once_measured(db: str) -> None:
+    args = [*FLASH, "--nodes", "8", "--pp", "8", "--vpp", "1"]
+    out = " ".join(plan(db, *args).stdout.split())
+    assert ("warning: the EP all-to-all (ep=8) is not priced: it was not measured for v4-flash on 'NVIDIA H200' at "
+            "seq 4096, mbs 1, ep 8") in out
+    assert "`tuner profile alltoall --model v4-flash --seq 4096 --mbs 1 --ep 8`" in out
+    unpriced = json.loads(plan(db, *args, "--json").stdout)
+    assert len(unpriced["warnings"]) == 1 and "is not priced" in unpriced["warnings"][0]
+    store_a2a(db, 0.6, 0.5)
+    priced = json.loads(plan(db, *args, "--json").stdout)
+    assert priced["warnings"] == [] and "alltoall" in {r["layer_kind"] for r in priced["profile_rows"]}
+    assert any(re.search(r"stored plan 2 \(.*\) is stale: newer profiles of alltoall", n) for n in priced["stale"])
+    assert priced["kernel_tables"] == "eager"
+    # 44 MoE layers per microbatch, each 1.1 ms in forward and backward: the pipeline gets longer
+    assert priced["plans"][0]["step_ms"] > unpriced["plans"][0]["step_ms"] + 44 * 2 * 1.1
+
+
+def test_ep_across_nodes_without_the_alltoall_is_refused_naming_the_command(db: str) -> None:
+    store(db, ep=16)
+    err = " ".join(plan(db, *FLASH, "--nodes", "8", "--ep", "16", "--pp", "4", "--vpp", "1", code=2).stderr.split())
+    assert err.startswith("error: --ep: the window/hash layer has no measured EP all-to-all"), err
+    assert "price ep=16 across nodes of 8 GPUs: measure it with `tuner profile alltoall --ep 16`" in err

@@ -1,4 +1,4 @@
-"""The iteration model's terms written out by hand (transfers, EP across nodes, data-parallel tails,
+"""The iteration model's terms written out by hand (transfers, the EP all-to-all inside and across nodes, data-parallel tails,
 sharded optimizer memory), re-pricing a plan under another calibration, the cluster rules for pp / vpp
 auto, and Megatron's recompute flags."""
 
@@ -25,6 +25,10 @@ EXTRAS = StageExtras(0.5, 1.0, 50 * MiB, 4_000_000, 2.0, 4.0, 200 * MiB, 4_000_0
 COSTS = ProfiledCosts(LAYERS, EXTRAS, (0.4, 0.5, 0.45, 0.5, 0.6), p2p_bytes=64 * MiB, optimizer_ms_per_param=2e-8)
 
 
+def times(layers) -> list[tuple[float, float, float]]:
+    return [(l.forward_ms, l.backward_ms, l.recompute_cost_ms) for l in layers]
+
+
 def build(nodes: int, gpn: int, pp: int, vpp: int, ep: int, gbs: int = 16, calibration: Calibration | None = None,
           capacity: float = 80e9) -> tuple[IterationModel, Parallelism, Calibration]:
     cal = calibration or Calibration()
@@ -37,7 +41,10 @@ def test_transfer_alltoall_and_tail_terms() -> None:
     assert (par.dp, par.expert_dp, par.microbatches) == (4, 2, 4)
     p2p = 64 * MiB / (cal.inter_node_gbps * 1e6)  # the pipeline spans both nodes
     assert model.p2p_ms == pytest.approx(p2p) and model.p2p_busy_ms == pytest.approx(0.25 * p2p)
-    assert [l.forward_ms for l in model.layers] == [l.forward_ms for l in LAYERS]  # ep=2 stays inside a node
+    # ep=2 inside a node: each layer's measured all-to-all once in forward, backward and recompute
+    assert [l.forward_ms for l in model.layers] == pytest.approx([2.4, 3.5, 2.95, 3.5, 4.1])
+    assert [l.backward_ms for l in model.layers] == pytest.approx([4.4, 6.5, 5.45, 6.5, 7.6])
+    assert [l.recompute_cost_ms for l in model.layers] == pytest.approx([2.9, 3.5, 2.95, 3.5, 4.1])
     dense = 0.5 * 6 * 3 / 4 / (cal.intra_node_gbps * 1e6) + 2e-8 / 4  # dp=4 fits a node of 4
     expert = 0.5 * 6 * 1 / 2 / (cal.intra_node_gbps * 1e6) + 2e-8 / 2
     assert model.tail_ms_per_param == pytest.approx((dense, expert))
@@ -49,19 +56,22 @@ def test_transfer_alltoall_and_tail_terms() -> None:
     one_node, _, _ = build(nodes=1, gpn=8, pp=2, vpp=1, ep=2)
     assert one_node.p2p_ms == pytest.approx(64 * MiB / (cal.intra_node_gbps * 1e6))
     across, _, _ = build(nodes=4, gpn=2, pp=1, vpp=1, ep=8)  # EP of 8 over nodes of 2 GPUs
-    x = (8 - 2) / (8 - 1)
-    for layer, base, a2a in zip(across.layers, LAYERS, COSTS.alltoall_ms):
-        extra = a2a * x * (cal.intra_node_gbps / cal.inter_node_gbps - 1)
-        assert layer.forward_ms == pytest.approx(base.forward_ms + extra)
-        assert layer.backward_ms == pytest.approx(base.backward_ms + extra)
-        assert layer.recompute_cost_ms == pytest.approx(base.recompute_cost_ms + extra)
+    # x = 6/7 of the volume at 45 instead of 360 GB/s: 0.4 ms * (1/7 + 6/7 * 8) = 0.4 * 7 = 2.8 ms
+    assert cal.intra_node_gbps / cal.inter_node_gbps == 8
+    assert [l.forward_ms for l in across.layers] == pytest.approx([4.8, 6.5, 5.65, 6.5, 7.7])
+    assert [l.backward_ms for l in across.layers] == pytest.approx([6.8, 9.5, 8.15, 9.5, 11.2])
+    assert [l.recompute_cost_ms for l in across.layers] == pytest.approx([5.3, 6.5, 5.65, 6.5, 7.7])
     assert across.p2p_ms == 0 and across.p2p_busy_ms == 0
+    no_ep, _, _ = build(nodes=1, gpn=8, pp=1, vpp=1, ep=1)  # no EP peers: no all-to-all, whatever is stored
+    assert times(no_ep.layers) == times(LAYERS)
 
 
-def test_alltoall_across_nodes_needs_the_profile() -> None:
+def test_an_unmeasured_alltoall_is_0_inside_a_node_and_refused_across_nodes() -> None:
     costs = ProfiledCosts(LAYERS, EXTRAS, (None,) * 5, 64 * MiB, None)
+    inside = Parallelism(Cluster(1, 8), 1, 1, 8, 16, 1)
+    assert times(IterationModel.from_profiles(PlanInputs(costs, inside, 80e9), Calibration()).layers) == times(LAYERS)
     par = Parallelism(Cluster(4, 2), 1, 1, 8, 16, 1)
-    with pytest.raises(ValueError, match="no alltoall_ms"):
+    with pytest.raises(ValueError, match=r"no measured EP all-to-all .* `tuner profile alltoall --ep 8`"):
         IterationModel.from_profiles(PlanInputs(costs, par, 80e9), Calibration())
 
 
@@ -70,8 +80,11 @@ def test_evaluate_and_predict_under_another_calibration() -> None:
     layout = parse_layout("Et|t|t|tmL", 4, 2, 1)
     ev = model.evaluate(layout, [1, 4])
     busy = [model.busy_ms(s) for s in range(4)]
-    fwd = [0.5 + 2.0 + busy[0], 3.0 + busy[1], 2.5 + busy[2], 3.0 + 3.5 + 2.0 + busy[3]]
-    bwd = [1.0 + 4.0 + busy[0], 6.0 + 3.0 + busy[1], 5.0 + busy[2], 6.0 + 7.0 + 4.0 + 3.5 + busy[3]]
+    a2a = COSTS.alltoall_ms  # ep=2 in a node of 8: each layer's all-to-all in forward, backward and recompute
+    fwd = [0.5 + 2.0 + a2a[0] + busy[0], 3.0 + a2a[1] + busy[1], 2.5 + a2a[2] + busy[2],
+           3.0 + a2a[3] + 3.5 + a2a[4] + 2.0 + busy[3]]
+    bwd = [1.0 + 4.0 + a2a[0] + busy[0], 6.0 + a2a[1] + (3.0 + a2a[1]) + busy[1], 5.0 + a2a[2] + busy[2],
+           6.0 + a2a[3] + 7.0 + a2a[4] + 4.0 + (3.5 + a2a[4]) + busy[3]]
     assert ev.forward_ms == pytest.approx(fwd) and ev.backward_ms == pytest.approx(bwd)
     sim = simulate(2, 2, model.microbatches, fwd, bwd, model.p2p_ms, "interleaved")
     params, experts = [4e6 + 10e6 + 11e6, 12e6 + 12e6 + 14e6 + 4e6], [16e6, 24e6]

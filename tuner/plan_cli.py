@@ -114,6 +114,8 @@ def _print(outcome: Outcome, report: Path | None) -> None:
                   f"mbs {r.mbs}, seq {r.seq}, ep {r.ep}", highlight=False)
     for note in ([outcome.label] if outcome.label else []) + list(outcome.stale):
         console.print(f"[yellow]{note}[/yellow]", highlight=False)
+    for warning in outcome.warnings:
+        console.print(f"[yellow]warning: {warning}[/yellow]", highlight=False, soft_wrap=True)
     capacity = outcome.capacity_bytes / GiB
     table = Table("", "pp", "vpp", "dp", "layout", "recompute ids", "step ms", "tokens/s/GPU", "TFLOP/s/GPU",
                   "peak GiB", "min headroom GiB", title="plans" + (f" ({outcome.label})" if outcome.label else ""))

@@ -3,7 +3,7 @@
 * :class:`LayerCost` - one layer's measured times, activation bytes and parameters.
 * :class:`StageExtras` - the embedding (first stage) and head + loss (last stage).
 * :class:`ProfiledCosts` - the layer list of a model as read from the profile table, with the
-  communication figures the profiler measured next to it.
+  communication figures measured next to it (the EP all-to-all, apart from the layer times).
 * :class:`Calibration` - every constant the model states rather than measures (bandwidths,
   overlaps, fragmentation, reserves), in one object stored with each plan and refittable
   against real runs.
@@ -95,8 +95,10 @@ class StageExtras:
 class ProfiledCosts:
     """A model's per-layer costs as profiled at one (GPU kind, seq, mbs, ep), before any parallelism is applied.
 
-    ``alltoall_ms[i]`` is the part of layer ``i``'s forward spent in the EP all-to-all (dispatch
-    + combine), measured with the EP group inside one node; ``None`` when not measured.
+    ``alltoall_ms[i]`` is layer ``i``'s EP all-to-all in one forward (dispatch + combine),
+    measured apart (``tuner profile alltoall``, the EP group inside one node) and *not* part of
+    its ``forward_ms``: the iteration model adds it to the forward, the backward and the
+    recompute when ``ep > 1``. ``None`` when not measured.
     ``p2p_bytes`` is what one stage sends the next per microbatch (V4: the 4 mHC streams).
     ``optimizer_ms_per_param`` prices the optimizer step per parameter the GPU updates (None:
     not profiled, the step is left out and the output says so).

@@ -15,10 +15,16 @@ Time of a step = ``max over ranks (rank's last op end + rank's tail)`` where
 * every pipeline transfer of ``p2p_bytes`` is a delay of ``p2p_bytes / bandwidth`` on its data
   edge (inter-node bandwidth if the pipeline spans nodes), of which ``p2p_busy_fraction`` also
   blocks the two ranks: added to each op of a stage once per neighbour on another rank;
-* an EP all-to-all stays at its profiled intra-node time while the EP group fits in a node;
-  beyond, the share ``x = (ep - gpus_per_node) / (ep - 1)`` of its volume crosses nodes at
-  inter-node bandwidth, adding ``alltoall_ms * x * (intra / inter - 1)`` to the layer's
-  forward, backward and recompute (transfers not overlapped with each other: an upper end);
+* with ``ep > 1``, every MoE layer (all decoder layers and the MTP layer) adds its EP
+  all-to-all, ``alltoall_ms`` = dispatch + combine measured across ``ep`` GPUs of one node
+  (``tuner profile alltoall``; apart from, not inside, the one-GPU ``forward_ms``): once to its
+  forward, once to its backward (the gradients go the same two ways, the same volume) and once
+  to its recompute when it is recomputed, not overlapped with compute. While the EP group fits
+  in a node that is the measured time; beyond, the share ``x = (ep - gpus_per_node) / (ep - 1)``
+  of the volume crosses nodes at inter-node bandwidth, so each of the three becomes
+  ``alltoall_ms * (1 + x * (intra / inter - 1))`` (the two links not overlapped with each other:
+  an upper end). Unmeasured, it is priced 0 inside a node (``tuner plan`` says so) and refused
+  across nodes;
 * a rank's tail is its exposed data-parallel traffic, ``(1 - dp_overlap)`` x (ring
   reduce-scatter of fp32 grads + all-gather of bf16 params, ``(s - 1) / s`` of its bytes for a
   group of ``s``: dense params over ``dp``, expert params over ``dp / ep``), plus the optimizer
@@ -103,9 +109,12 @@ class IterationModel:
         layers = []
         for layer, alltoall in zip(costs.layers, costs.alltoall_ms):
             if x and alltoall is None:
-                raise ValueError(f"the {layer.kind} profile has no alltoall_ms, needed to price ep={par.ep} "
-                                 f"across nodes of {par.cluster.gpus_per_node} GPUs")
-            extra = (alltoall or 0.0) * x * (cal.intra_node_gbps / cal.inter_node_gbps - 1)
+                raise ValueError(f"the {layer.kind} layer has no measured EP all-to-all (alltoall_ms), needed to "
+                                 f"price ep={par.ep} across nodes of {par.cluster.gpus_per_node} GPUs: measure it "
+                                 f"with `tuner profile alltoall --ep {par.ep}` and the profiles' --model, --seq, "
+                                 f"--mbs, on a node with {par.ep} GPUs")
+            measured = (alltoall or 0.0) if par.ep > 1 else 0.0
+            extra = measured * (1 + x * (cal.intra_node_gbps / cal.inter_node_gbps - 1))
             layers.append(LayerCost(layer.kind, layer.forward_ms + extra, layer.backward_ms + extra,
                                     layer.activation_bytes, layer.recompute_kept_bytes, layer.param_count,
                                     layer.expert_param_count, layer.recompute_cost_ms + extra))

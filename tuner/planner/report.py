@@ -110,7 +110,7 @@ def render(outcome: Outcome) -> str:
             ",".join(map(str, d["recompute_layer_ids"])) or "-", megatron, f"{d['step_ms']:.1f}",
             f"{d['tokens_per_s_per_gpu']:.0f}", f"{d['tflops_per_gpu']:.0f}",
             f"{max(s['total_bytes'] for s in d['stages']) / GiB:.1f} / {outcome.capacity_bytes / GiB:.1f}")) + "</tr>")
-    notes = [n for n in (outcome.label,) if n] + list(outcome.stale)
+    notes = [n for n in (outcome.label,) if n] + list(outcome.stale) + [f"warning: {w}" for w in outcome.warnings]
     gap = outcome.result.gap
     proof = "proven optimal" if gap == 0 else f"at most {gap:.2%} slower than the optimum (proven bound)"
     return f"""<!DOCTYPE html>

@@ -136,6 +136,21 @@ class Outcome:
         return (f"planned for {self.gpu.name} from {self.source.name} profiles with times scaled by "
                 f"{self.request.scale_time or 1.0:g}")
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What the plans leave unpriced that the request needs (shown with every output).
+
+        An EP group inside a node without a measured all-to-all is priced 0 (across nodes the
+        request is refused instead: ``IterationModel.from_profiles``).
+        """
+        r = self.request
+        if r.ep == 1 or self.loaded.alltoall_measured:
+            return ()
+        return (f"the EP all-to-all (ep={r.ep}) is not priced: it was not measured for {r.model} on "
+                f"{self.source.device_name!r} at seq {r.seq}, mbs {r.mbs}, ep {r.ep}, so every MoE layer's "
+                f"dispatch + combine counts as 0 ms; measure it on one node with `tuner profile alltoall "
+                f"--model {r.model} --seq {r.seq} --mbs {r.mbs} --ep {r.ep}`",)
+
     def tokens_per_s_per_gpu(self, plan: Plan) -> float:
         r = self.request
         return r.gbs * r.seq / (plan.step_ms / 1e3) / (r.nodes * r.gpus_per_node)
@@ -170,6 +185,7 @@ class Outcome:
             "lower_bound_ms": self.result.lower_bound_ms, "gap": self.result.gap,
             "splits_simulated": self.result.leaves,
             "plans": [self.plan_dict(p) for p in self.plans], "stale": list(self.stale),
+            "warnings": list(self.warnings),
             "kernel_tables": self.loaded.kernel_tables, "profile_rows": [r.to_dict() for r in self.loaded.rows],
             "calibration": self.calibration.to_dict(),
         }
