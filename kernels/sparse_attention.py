@@ -10,7 +10,8 @@ The entries of query s (positions in this order; the kernels walk them in ``TILE
 
 * the causal window ``kv[max(0, s - window + 1) .. s]`` (every layer type);
 * HCA (``compress_ratio`` 128): every ``kv_compressed[t]`` with ``t < (s + 1) // 128``, counted
-  from s in the kernel (no index tensor);
+  from s in the kernel (no index tensor); any other ratio above 0 except 4 pools the same way
+  (the ``tiny`` proxy preset's HCA layers use 16);
 * CSA (``compress_ratio`` 4): ``kv_compressed[indices[s, k]]`` for the indexer's top-k, -1 = padding.
 
 Forward (``sparse_attn_fwd``): one program per (query, block of ``BLOCK_H`` heads). Each gathered
@@ -290,7 +291,7 @@ def _interpreted() -> bool:
 
 def _max_entries(ratio: int, seq: int, topk: int, window: int) -> int:
     """Most entry positions any query has."""
-    return min(seq, window) + {0: 0, CSA_RATIO: topk, HCA_RATIO: seq // HCA_RATIO}[ratio]
+    return min(seq, window) + (0 if ratio == 0 else topk if ratio == CSA_RATIO else seq // ratio)
 
 
 def _geometry(q: Tensor, kvc: Tensor | None, indices: Tensor | None) -> tuple[int, int, int, int, int]:
@@ -390,10 +391,10 @@ def _reference_entries(ratio: int, seq: int, window: int, n_comp: int, indices: 
     s = torch.arange(seq, device=device)[:, None]
     back = s - torch.arange(window, device=device)[None, :]
     rows, valid = [back.clamp(min=0)], [back >= 0]
-    if ratio == HCA_RATIO:
+    if ratio not in (0, CSA_RATIO):
         t = torch.arange(n_comp, device=device)[None, :]
         rows.append((seq + t).expand(seq, n_comp))
-        valid.append(t < (s + 1) // HCA_RATIO)
+        valid.append(t < (s + 1) // ratio)
     rows_t, valid_t = torch.cat(rows, 1)[None], torch.cat(valid, 1)[None]
     if ratio == CSA_RATIO:
         rows_t = torch.cat([rows_t.expand(indices.shape[0], -1, -1), seq + indices.long().clamp(min=0)], 2)
@@ -473,8 +474,8 @@ def _check_shapes(q: Tensor, kv: Tensor, sink: Tensor, ratio: int, kvc: Tensor |
     if q.dim() != 4 or q.shape[-1] != LATENT_DIM:
         raise ValueError(f"q must be [B, S, H, {LATENT_DIM}], got {list(q.shape)}")
     batch, seq, heads, _ = q.shape
-    if ratio not in COMPRESS_RATIOS:
-        raise ValueError(f"compress_ratio must be one of {COMPRESS_RATIOS}, got {ratio!r}")
+    if not isinstance(ratio, int) or ratio < 0:
+        raise ValueError(f"compress_ratio must be 0 (window), 4 (CSA) or another positive ratio (HCA), got {ratio!r}")
     if window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
     expected = {"kv": (kv, [batch, seq, LATENT_DIM]), "sink": (sink, [heads])}
@@ -483,7 +484,7 @@ def _check_shapes(q: Tensor, kv: Tensor, sink: Tensor, ratio: int, kvc: Tensor |
             raise ValueError(f"compress_ratio {ratio} needs kv_compressed")
         expected["kv_compressed"] = (kvc, [batch, seq // ratio, LATENT_DIM])
     elif kvc is not None:
-        raise ValueError("kv_compressed is only for compress_ratio 4 or 128")
+        raise ValueError("kv_compressed is only for a compress_ratio above 0")
     if ratio == CSA_RATIO:
         if indices is None or indices.dim() != 3:
             raise ValueError(f"compress_ratio 4 needs indices [B, S, topk], got {None if indices is None else list(indices.shape)}")
@@ -558,8 +559,8 @@ def entries_attended(shape: Shape) -> int:
     count = s.clamp(max=shape["window"])
     if shape["ratio"] == CSA_RATIO:
         count = count + (s // CSA_RATIO).clamp(max=shape["topk"])
-    elif shape["ratio"] == HCA_RATIO:
-        count = count + s // HCA_RATIO
+    elif shape["ratio"]:
+        count = count + s // shape["ratio"]
     return shape["batch"] * int(count.sum())
 
 
@@ -635,7 +636,7 @@ def _make_bwd_inputs(shape: Shape, device: torch.device, seed: int) -> Inputs:
     inputs = _make_fwd_inputs(shape, device, seed)
     o, lse = _reference_of(inputs)
     gen = torch.Generator(device=device).manual_seed(seed + 1)
-    fan_in = shape["seq"] if shape["ratio"] == HCA_RATIO else shape["window"]
+    fan_in = shape["seq"] if shape["ratio"] not in (0, CSA_RATIO) else shape["window"]
     scale = min(1.0, math.sqrt(shape["window"] / fan_in))
     do = torch.randn(o.shape, generator=gen, device=device).mul_(scale).to(torch.bfloat16)
     return {**inputs, "o": o.to(torch.bfloat16), "lse": lse, "do": do}

@@ -3,9 +3,10 @@
 ``get_ops("eager")`` takes the eager reference of every kernel (each kernel module has one, and
 the kernels' tests hold the two to agreement); ``get_ops("triton")`` takes the Triton kernels
 where the project has them: RMSNorm, Sinkhorn, the mHC glue / collapse / expand, RoPE on the
-512-wide heads, the router tail and the grouped expert MLP. The attention-side ops
-(``sparse_attention``, ``compress_pool``, ``indexer_topk``, and RoPE on the indexer's 128-wide heads)
-are eager in both until their kernels land: then swap them in here, nowhere else.
+512-wide heads, the router tail, the grouped expert MLP, the sparse attention, the compressor's
+pooling and the indexer's top-k. Only RoPE on the indexer's 128-wide heads stays eager in both
+(``kernels.rope`` rotates 512-wide heads). Until 2026-12-01 the three attention-side kernels had
+landed but were not swapped in here, so "triton" runs and profiles before then attended eagerly.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Callable, Literal
 
 from torch import Tensor
 
+from kernels.compressor import compressor_pool
 from kernels.grouped_gemm import expert_mlp, expert_mlp_reference
+from kernels.indexer import indexer_topk
 from kernels.mhc import (
     mhc_collapse, mhc_collapse_reference, mhc_expand, mhc_expand_reference, mhc_glue, mhc_glue_reference,
 )
@@ -23,6 +26,7 @@ from kernels.rmsnorm import rms_norm, rms_norm_reference
 from kernels.rope import HEAD_DIM, ROPE_DIM, rope
 from kernels.router import route, route_reference
 from kernels.sinkhorn import sinkhorn, sinkhorn_reference
+from kernels.sparse_attention import sparse_attention
 from v4 import attention_ops
 
 Kernels = Literal["eager", "triton"]
@@ -61,15 +65,23 @@ def _eager_expert_mlp(x_sorted: Tensor, offsets: Tensor, weights: Tensor, w13: T
     return expert_mlp_reference(x_sorted, offsets, weights, w13, w2)
 
 
-_ATTENTION = dict(sparse_attention=attention_ops.sparse_attention, compress_pool=attention_ops.compress_pool,
-                  indexer_topk=attention_ops.indexer_topk, indexer_rope=attention_ops.rope_tail)
+def _triton_compress_pool(kv: Tensor, score: Tensor, ape: Tensor, ratio: int) -> Tensor:
+    """``kernels.compressor`` reads the ratio off ``ape [ratio, coff*d]``; the op's signature also names it."""
+    if ape.shape[0] != ratio:
+        raise ValueError(f"ape has {ape.shape[0]} rows for ratio {ratio}")
+    return compressor_pool(kv, score, ape)
+
 
 _TABLES = {
     "eager": Ops(rms_norm=rms_norm_reference, sinkhorn=sinkhorn_reference, mhc_glue=mhc_glue_reference,
                  mhc_collapse=mhc_collapse_reference, mhc_expand=mhc_expand_reference, rope=attention_ops.rope_tail,
-                 route=route_reference, expert_mlp=_eager_expert_mlp, **_ATTENTION),
+                 route=route_reference, expert_mlp=_eager_expert_mlp,
+                 sparse_attention=attention_ops.sparse_attention, compress_pool=attention_ops.compress_pool,
+                 indexer_topk=attention_ops.indexer_topk, indexer_rope=attention_ops.rope_tail),
     "triton": Ops(rms_norm=rms_norm, sinkhorn=sinkhorn, mhc_glue=mhc_glue, mhc_collapse=mhc_collapse,
-                  mhc_expand=mhc_expand, rope=_triton_rope, route=route, expert_mlp=expert_mlp, **_ATTENTION),
+                  mhc_expand=mhc_expand, rope=_triton_rope, route=route, expert_mlp=expert_mlp,
+                  sparse_attention=sparse_attention, compress_pool=_triton_compress_pool, indexer_topk=indexer_topk,
+                  indexer_rope=attention_ops.rope_tail),
 }
 
 
