@@ -87,8 +87,9 @@ def test_merge_keeps_the_old_entries_the_database_cannot_replace(tmp_path):
     assert table["entries"]["c"] == {"n=1": {"config": {"BLOCK": 2}}}
     assert "skipped" not in table["entries"]
     provenance = table["provenance"]
-    assert provenance["kept_from"] == {"exported_at": "2026-11-30T06:39:18+00:00", "entries": {"a": 1, "c": 1}}
-    assert provenance["sweep_ids"] == [3, 4, 81] and "old" in provenance["hosts"]
+    assert provenance["kept_from"] == {"exported_at": "2026-11-30T06:39:18+00:00", "sweep_ids": [81],
+                                       "entries": {"a": 1, "c": 1}}
+    assert provenance["sweep_ids"] == [3, 4] and "old" in provenance["hosts"]
 
 
 def test_without_merge_the_old_table_is_replaced(tmp_path):

@@ -110,7 +110,8 @@ def build_table(trials: list[Trial], arch: str, skipped: Sequence[str] = (),
 
 def _merged(table: dict[str, Any], previous: dict[str, Any], skip: Sequence[str]) -> dict[str, Any]:
     """``table`` plus the ``previous`` table's entries of (kernel, shape) pairs it lacks (not of skipped
-    kernels), the provenance's lists joined and the kept entries counted per kernel."""
+    kernels), the devices, hosts and toolchains joined, and the kept entries counted per kernel with
+    the sweep ids of their (other) database."""
     kept: dict[str, int] = {}
     for kernel, shapes in previous.get("entries", {}).items():
         if kernel in skip:
@@ -122,10 +123,12 @@ def _merged(table: dict[str, Any], previous: dict[str, Any], skip: Sequence[str]
     if not kept:
         return table
     old, new = previous.get("provenance", {}), table["provenance"]
-    for field in ("devices", "sm_counts", "hosts", "sweep_ids"):
+    for field in ("devices", "sm_counts", "hosts"):
         new[field] = sorted(set(new[field]) | set(old.get(field, [])))
     new["toolchains"] = new["toolchains"] + [t for t in old.get("toolchains", []) if t not in new["toolchains"]]
-    new["kept_from"] = {"exported_at": old.get("exported_at"), "entries": dict(sorted(kept.items()))}
+    # Sweep ids are per database: the kept entries' ids are listed apart, never mixed with this export's.
+    new["kept_from"] = {"exported_at": old.get("exported_at"), "sweep_ids": old.get("sweep_ids", []),
+                        "entries": dict(sorted(kept.items()))}
     return table
 
 
