@@ -11,7 +11,10 @@ The residual holds four streams, ``h [tokens, 4, D]``. Around every sub-layer:
 
 Glue forward: each program takes ``BLOCK_N`` tokens and walks the 4D axis in ``BLOCK_K``
 chunks, accumulating the ``[BLOCK_N, 32]`` projection (24 rows padded for ``tl.dot``) and the
-sum of squares from the same loads, so h is read once. The matmul keeps fp32 accuracy on
+sum of squares from the same loads, so h is read once. With ``SPLIT_K`` > 1 the 4D axis is
+split over that many programs per token block too (4096 tokens are only 64-128 token blocks for
+132 SMs): they write fp32 partial sums (33 floats a token per split, under 2% of h's bytes at
+SPLIT_K 8, D 4096) that a second launch adds in a fixed order before the gates. The matmul keeps fp32 accuracy on
 bf16 tensor cores (``_dot_split``): fp32 operands are split into bf16 high and low parts,
 and bf16 h is exact as it is. The fp32 projection m and rstd are saved for the backward
 (100 bytes a token, next to 8D bytes of bf16 h).
@@ -113,23 +116,30 @@ def _gate_params(base_ptr, scale_ptr, logits):
 
 
 @triton.jit
-def _glue_fwd_kernel(
-    h_ptr, fn_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, m_ptr, rstd_ptr, n_tokens, width, eps,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-):
-    tokens = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    logits = tl.arange(0, _LOGITS_PAD)
+def _glue_project(h_ptr, fn_ptr, tokens, logits, n_tokens, width, k_begin, k_end,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    """The ``[BLOCK_N, 32]`` projection and the ``[BLOCK_N]`` sum of squares of h over 4D columns
+    ``[k_begin, k_end)``, from one read of each h chunk."""
     ks = tl.arange(0, BLOCK_K)
     proj = tl.zeros([BLOCK_N, _LOGITS_PAD], dtype=tl.float32)
     sum_sq = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, width, BLOCK_K):
-        x_offsets, x_mask = _tile(tokens, k0 + ks, n_tokens, width)
-        x = tl.load(h_ptr + x_offsets, mask=x_mask, other=0.0)
-        w_offsets, w_mask = _tile(logits, k0 + ks, _LOGITS, width)
-        w = tl.load(fn_ptr + w_offsets, mask=w_mask, other=0.0)
+    token_rows = tokens.to(tl.int64)[:, None] * width
+    logit_rows = logits.to(tl.int64)[:, None] * width
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        cols = k0 + ks
+        in_range = (cols < k_end)[None, :]
+        x = tl.load(h_ptr + token_rows + cols[None, :], mask=(tokens < n_tokens)[:, None] & in_range, other=0.0)
+        w = tl.load(fn_ptr + logit_rows + cols[None, :], mask=(logits < _LOGITS)[:, None] & in_range, other=0.0)
         proj = _dot_split(x, tl.trans(w), proj, UPCAST)
         xf = x.to(tl.float32)
         sum_sq += tl.sum(xf * xf, axis=1)
+    return proj, sum_sq
+
+
+@triton.jit
+def _glue_gates(proj, sum_sq, tokens, logits, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, m_ptr, rstd_ptr,
+                n_tokens, width, eps):
+    """From the whole projection and sum of squares: rstd and m (saved for the backward), the gates."""
     rstd = tl.rsqrt(sum_sq / width + eps)
     tl.store(rstd_ptr + tokens, rstd, mask=tokens < n_tokens)
     m = proj * rstd[:, None]
@@ -142,6 +152,50 @@ def _glue_fwd_kernel(
     _store_group(pre_ptr, out, tokens, logits, n_tokens, 0, 4)
     _store_group(post_ptr, out, tokens, logits, n_tokens, 4, 4)
     _store_group(comb_ptr, out, tokens, logits, n_tokens, 8, 16)
+
+
+@triton.jit
+def _glue_fwd_kernel(
+    h_ptr, fn_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, m_ptr, rstd_ptr, part_ptr, n_tokens, width,
+    eps, k_chunk, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """SPLIT_K 1: the whole 4D axis, then the gates. Otherwise program (i, j) writes the projection and
+    sum of squares of columns ``[j * k_chunk, (j + 1) * k_chunk)`` as row block i of slab j of the
+    ``[SPLIT_K, tokens, 33]`` fp32 ``part_ptr``, and ``_glue_gates_kernel`` adds the slabs."""
+    tokens = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    logits = tl.arange(0, _LOGITS_PAD)
+    split = tl.program_id(1)
+    k_begin = split * k_chunk
+    proj, sum_sq = _glue_project(h_ptr, fn_ptr, tokens, logits, n_tokens, width, k_begin,
+                                 tl.minimum(k_begin + k_chunk, width), BLOCK_N, BLOCK_K, UPCAST)
+    if SPLIT_K == 1:
+        _glue_gates(proj, sum_sq, tokens, logits, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, m_ptr, rstd_ptr,
+                    n_tokens, width, eps)
+    else:
+        rows = (split * n_tokens + tokens).to(tl.int64) * (_LOGITS_PAD + 1)
+        mask = tokens < n_tokens
+        tl.store(part_ptr + rows[:, None] + logits[None, :], proj, mask=mask[:, None])
+        tl.store(part_ptr + rows + _LOGITS_PAD, sum_sq, mask=mask)
+
+
+@triton.jit
+def _glue_gates_kernel(
+    part_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, m_ptr, rstd_ptr, n_tokens, width, eps,
+    BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    """The split forward's second pass: the ``SPLIT_K`` partial projections of a token block, in a fixed
+    order (deterministic), then ``_glue_gates``."""
+    tokens = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    logits = tl.arange(0, _LOGITS_PAD)
+    mask = tokens < n_tokens
+    proj = tl.zeros([BLOCK_N, _LOGITS_PAD], dtype=tl.float32)
+    sum_sq = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for split in tl.static_range(SPLIT_K):
+        rows = (split * n_tokens + tokens).to(tl.int64) * (_LOGITS_PAD + 1)
+        proj += tl.load(part_ptr + rows[:, None] + logits[None, :], mask=mask[:, None], other=0.0)
+        sum_sq += tl.load(part_ptr + rows + _LOGITS_PAD, mask=mask, other=0.0)
+    _glue_gates(proj, sum_sq, tokens, logits, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, m_ptr, rstd_ptr,
+                n_tokens, width, eps)
 
 
 @triton.jit
@@ -203,14 +257,30 @@ def _glue_forward(
     pre, post = torch.empty(n_tokens, STREAMS, **fp32), torch.empty(n_tokens, STREAMS, **fp32)
     comb = torch.empty(n_tokens, STREAMS, STREAMS, **fp32)
     m, rstd = torch.empty(n_tokens, _N_LOGITS, **fp32), torch.empty(n_tokens, **fp32)
+    block_n, block_k = config["BLOCK_N"], config["BLOCK_K"]
+    split = config.get("SPLIT_K", 1)
+    # Whole BLOCK_K steps per split; a split past the end of 4D adds zeros.
+    k_chunk = triton.cdiv(triton.cdiv(width, split), block_k) * block_k
+    part = torch.empty(split, n_tokens, _N_PAD + 1, **fp32) if split > 1 else m
+    blocks = triton.cdiv(n_tokens, block_n)
+    interpreted = current_arch() == INTERPRETER_ARCH
     launch(
         _glue_fwd_kernel,
-        (triton.cdiv(n_tokens, config["BLOCK_N"]),),
-        (h, fn, base, scale, pre, post, comb, m, rstd, n_tokens, width, eps),
-        {"BLOCK_N": config["BLOCK_N"], "BLOCK_K": config["BLOCK_K"], "UPCAST": current_arch() == INTERPRETER_ARCH},
+        (blocks, split),
+        (h, fn, base, scale, pre, post, comb, m, rstd, part, n_tokens, width, eps, k_chunk),
+        {"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split, "UPCAST": interpreted},
         config,
         compile_only,
     )
+    if split > 1:
+        launch(
+            _glue_gates_kernel,
+            (blocks,),
+            (part, base, scale, pre, post, comb, m, rstd, n_tokens, width, eps),
+            {"BLOCK_N": block_n, "SPLIT_K": split},
+            {"num_warps": 4},
+            compile_only,
+        )
     return pre, post, comb, m, rstd
 
 
@@ -626,14 +696,20 @@ def _reference_grads(function, inputs: Inputs, primals: tuple[str, ...], cotange
         return torch.autograd.grad(outputs, leaves, [inputs[name] for name in cotangents])
 
 
+_FILL_PROGRAMS = 512  # about four programs per SM of a 132-SM H200
+
+
 def _glue_default(shape: Shape, backward: bool) -> Config:
-    """Forward: 32 tokens a program up to 8192 tokens (128 programs at 4096 for 132 SMs), then 64
-    (wgmma); every program reads all of fn from L2, so wider token tiles read less of it.
+    """Forward: 32 tokens a program up to 8192 tokens, then 64 (wgmma); every program reads all of
+    fn from L2, so wider token tiles read less of it. Fewer token blocks than ``_FILL_PROGRAMS`` split
+    the 4D axis too (``SPLIT_K``, at least 512 columns a split): 4096 tokens are 128 blocks alone.
     Backward: 32-token steps over 128-wide chunks, 16 slabs once there are 16 token blocks."""
     tokens = shape["tokens"]
     block_n = max(16, min(32 if backward or tokens <= 8192 else 64, triton.next_power_of_2(tokens)))
     if not backward:
-        return {"BLOCK_N": block_n, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
+        blocks = triton.cdiv(tokens, block_n)
+        split = min(triton.next_power_of_2(triton.cdiv(_FILL_PROGRAMS, blocks)), max(1, 4 * shape["hidden"] // 512))
+        return {"BLOCK_N": block_n, "BLOCK_K": 64, "SPLIT_K": split, "num_warps": 4, "num_stages": 3}
     slabs = 16 if triton.cdiv(tokens, block_n) >= 16 else 8
     return {"BLOCK_N": block_n, "BLOCK_K": 128, "SLABS": slabs, "num_warps": 8, "num_stages": 2}
 

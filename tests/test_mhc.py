@@ -169,9 +169,11 @@ def test_sublayer_round_trip_matches_eager():
 
 CONFIGS = {
     "mhc_glue_fwd": [
-        {"BLOCK_N": 16, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2},  # ragged chunks of 4D = 160
-        {"BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3},
-        {"BLOCK_N": 128, "BLOCK_K": 256, "num_warps": 8, "num_stages": 4},  # wider than every small shape
+        {"BLOCK_N": 16, "SPLIT_K": 1, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2},  # ragged chunks of 4D = 160
+        {"BLOCK_N": 32, "SPLIT_K": 1, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3},
+        {"BLOCK_N": 128, "SPLIT_K": 1, "BLOCK_K": 256, "num_warps": 8, "num_stages": 4},  # wider than every small shape
+        {"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 4, "num_warps": 4, "num_stages": 2},  # 4D in 4 ragged splits
+        {"BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 16, "num_warps": 4, "num_stages": 2},  # splits past 4D's end
     ],
     "mhc_glue_bwd": [
         {"BLOCK_N": 16, "BLOCK_K": 64, "SLABS": 1, "num_warps": 4, "num_stages": 1},  # one slab walks every token
@@ -234,7 +236,7 @@ def test_inputs_are_seeded_random_and_compile_accepts_default(name):
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_defaults_are_valid_configs_of_the_space(name):
-    assert 40 <= load_space(name).size("sm_90") <= 250
+    assert 40 <= load_space(name).size("sm_90") <= 1000  # TPE samples the larger ones (bench/sweep_specs.py)
     assert_defaults_fit_space(name, grid_points=True)
 
 
