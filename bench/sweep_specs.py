@@ -14,7 +14,8 @@ same shapes, swept once.
 
 Every sweep measures the kernel's heuristic default first (the runner enqueues it).
 
-Usage: python bench/sweep_specs.py OUT_DIR [GROUP]  (gemm, memory, attention or tma; default gemm and memory)
+Usage: python bench/sweep_specs.py OUT_DIR [GROUP]  (gemm, memory, attention, tma or
+split-glue-tma-bwd; default gemm and memory)
 """
 
 from __future__ import annotations
@@ -88,11 +89,22 @@ TMA_SPACES = {
 }
 
 
-def tma_specs() -> list[tuple[str, dict]]:
-    """Grids of TMA_SPACES at every balanced-load (skew 0) preset shape of Flash and Pro."""
+# The backward dX GEMMs, at the EP = 8 balanced-load shapes (Flash 32 experts, Pro 48) only; the
+# down dX epilogue (SwiGLU backward) allows 64-wide column tiles at 8 warps (its space's bound).
+TMA_BWD_SPACES = {
+    "expert_down_bwd_dx": {"BLOCK_M": [64, 128], "BLOCK_N": [64], "BLOCK_K": [64, 128], "GROUP_M": [8],
+                           "TMA": [0, 1], "num_warps": [8], "num_stages": [3, 4], "maxnreg": [None]},
+    "expert_up_bwd_dx": TMA_SPACES["expert_down_fwd"],
+}
+
+
+def tma_specs(spaces: dict[str, dict], ep8_only: bool = False) -> list[tuple[str, dict]]:
+    """Grids of ``spaces`` at every balanced-load (skew 0) preset shape of Flash and Pro (with
+    ``ep8_only``, those with fewer than 64 local experts)."""
     specs = []
-    for kernel, space in TMA_SPACES.items():
-        shapes = [s for p in ("v4-flash", "v4-pro") for s in registry.get(kernel).presets[p] if s["skew"] == 0]
+    for kernel, space in spaces.items():
+        shapes = [s for p in ("v4-flash", "v4-pro") for s in registry.get(kernel).presets[p]
+                  if s["skew"] == 0 and (s["experts"] < 64 or not ep8_only)]
         specs.append((f"{kernel}-tma", {"kernel": kernel, "shapes": shapes, "arch": "sm_90", "space": space,
                                         "strategy": {"name": "grid"}}))
     return specs
@@ -105,7 +117,10 @@ def main() -> None:
     if group == "attention":
         specs = attention_specs()
     elif group == "tma":
-        specs = tma_specs()
+        specs = tma_specs(TMA_SPACES)
+    elif group == "split-glue-tma-bwd":  # the 2026-12-01 follow-up: the split glue forward, TMA backward GEMMs
+        specs = [(f"mhc_glue_fwd-{p}", spec("mhc_glue_fwd", p)) for p in ("v4-flash", "v4-pro")]
+        specs += tma_specs(TMA_BWD_SPACES, ep8_only=True)
     else:
         kernels = GROUPS[group] if group else (*EXPERT_GEMMS, *MEMORY_BOUND)  # GEMMs first
         specs = [(f"{k}-{p}", spec(k, p)) for k in kernels for p in ("v4-flash", "v4-pro")]
