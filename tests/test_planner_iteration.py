@@ -4,6 +4,7 @@ auto, and Megatron's recompute flags."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -93,12 +94,14 @@ def test_evaluate_and_predict_under_another_calibration() -> None:
     assert ev.step_ms == pytest.approx(max(e + t for e, t in zip(ends, tails)))
     kept = [50 * MiB + 300 * MiB, 20 * MiB, 350 * MiB, 400 * MiB + 25 * MiB + 200 * MiB]  # ids 1 and 4 recomputed
     peaks = [[(3, 2), (4, 1)], [(2, 1), (3, 0)]]  # microbatches held per virtual stage (pp 2, vpp 2, m 4)
+    workspace = [0, max(400 - 20, 450 - 25) * MiB]  # rank 1 recomputes ids 1 and 4: the larger re-materialises
     for r in range(2):
         m = ev.memory[r]
         assert m.weights_and_grads == pytest.approx(params[r] * 6)
         assert m.optimizer == pytest.approx(((params[r] - experts[r]) / 4 + experts[r] / 2) * 12)
         live = max(sum(n * k for n, k in zip(vec, kept[r::2])) for vec in peaks[r])
-        assert m.activations == pytest.approx(1.05 * live)
+        assert m.activations == pytest.approx(1.05 * (live + workspace[r]))
+        assert m.workspace == pytest.approx(1.05 * workspace[r])
         assert m.buffers == 2 * 64 * MiB + cal.reserved_bytes
     plan = search([model], keep=1).plans[0]
     step, _ = predict(plan)
@@ -107,6 +110,27 @@ def test_evaluate_and_predict_under_another_calibration() -> None:
     assert slower > 1.9 * step  # compute doubles; transfers and tails do not
     with pytest.raises(ValueError, match="has pp=2 vpp=1"):
         model.evaluate(even_layout(4, 2, 1), [])
+
+
+def test_the_recompute_workspace_adds_to_the_recomputing_rank_only() -> None:
+    """1F1B, pp 2, m 4: rank 0 (E + ids 0-1, 2 in flight) recomputes id 1, rank 1 (ids 2-4 + head, 1 in
+    flight) nothing. Rank 0's peak gains its recomputed layer's re-materialised bytes, 400 - 20 MiB, times
+    1.05; rank 1's is what it was without the term."""
+    model, _, _ = build(nodes=1, gpn=8, pp=2, vpp=1, ep=2, gbs=16)
+    layout = parse_layout("Et*2|t*2mL", 4, 2, 1)
+    ev = model.evaluate(layout, [1])
+    kept = [2 * (50 + 300 + 20) * MiB, 1 * (350 + 400 + 450 + 200) * MiB]  # in flight x (bytes per microbatch)
+    assert [m.workspace for m in ev.memory] == pytest.approx([1.05 * 380 * MiB, 0])
+    assert [m.activations for m in ev.memory] == pytest.approx([1.05 * (kept[0] + 380 * MiB), 1.05 * kept[1]])
+    without = dataclasses.replace(model, memory=dataclasses.replace(model.memory, recompute_workspace=False))
+    before = without.evaluate(layout, [1])
+    assert [m.workspace for m in before.memory] == [0, 0]
+    assert ev.memory[0].total - before.memory[0].total == pytest.approx(1.05 * 380 * MiB)
+    assert ev.memory[1].total == before.memory[1].total
+    # recomputing id 0 as well: the workspace is the larger of the two (400 - 20 against 300 - 20), not the sum
+    both = model.evaluate(layout, [0, 1]).memory[0]
+    assert both.workspace == pytest.approx(1.05 * 380 * MiB)
+    assert both.total - before.memory[0].total == pytest.approx(1.05 * (380 - 2 * 280) * MiB)
 
 
 def test_calibration_round_trip_and_validation() -> None:

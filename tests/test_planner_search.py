@@ -3,6 +3,7 @@ bound validity on every partial split, in-flight memory counts, the no-fit diagn
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -22,6 +23,7 @@ EXTRAS = StageExtras(embedding_forward_ms=0.5, embedding_backward_ms=1.0, embedd
                      embedding_params=3_000_000, head_forward_ms=1.5, head_backward_ms=3.0,
                      head_activation_bytes=30 * MiB, head_params=3_000_000)
 MEMORY = MemoryModel(p2p_buffer_bytes=8 * MiB, overhead_bytes=64 * MiB, dense_shards=2, expert_shards=1)
+NO_WORKSPACE = dataclasses.replace(MEMORY, recompute_workspace=False)  # the model before the recompute workspace
 TAILS = (1e-7, 2e-7)  # ms per dense / expert parameter after the last backward
 
 
@@ -39,8 +41,8 @@ def random_layers(rng: random.Random, n: int) -> list[LayerCost]:
     return layers
 
 
-def make_model(layers, capacity: float, pp: int, vpp: int, m: int) -> IterationModel:
-    return IterationModel(tuple(layers), EXTRAS, MEMORY, capacity, pp, vpp, m, p2p_ms=0.1, p2p_busy_ms=0.05,
+def make_model(layers, capacity: float, pp: int, vpp: int, m: int, memory: MemoryModel = MEMORY) -> IterationModel:
+    return IterationModel(tuple(layers), EXTRAS, memory, capacity, pp, vpp, m, p2p_ms=0.1, p2p_busy_ms=0.05,
                           tail_ms_per_param=TAILS)
 
 
@@ -133,7 +135,12 @@ def _bytes_cached(model: IterationModel, ends: tuple[int, ...], chosen: frozense
     for r in range(pp):
         static = params[r] * 6 + ((params[r] - experts[r]) / mem.dense_shards + experts[r] / mem.expert_shards) * 12
         act = max(sum(n * k for n, k in zip(vec, kept[r::pp])) for vec in live_vectors(pp, model.vpp, model.microbatches)[r])
-        out.append(static + act + mem.p2p_buffer_bytes + mem.overhead_bytes)
+        # the recompute workspace: the most one recomputed layer of the rank re-materialises
+        starts = (0,) + tuple(ends[:-1])
+        mine = [j for c in range(r, model.stages, pp) for j in range(starts[c], ends[c]) if j in chosen]
+        workspace = max((model.layers[j].activation_bytes - model.layers[j].recompute_kept_bytes for j in mine),
+                        default=0) if mem.recompute_workspace else 0
+        out.append(static + mem.activation_factor * (act + workspace) + mem.p2p_buffer_bytes + mem.overhead_bytes)
     return tuple(out)
 
 
@@ -148,7 +155,7 @@ def worst_rank_bytes(model: IterationModel, recompute_all: bool) -> float:
     return min(max(evaluate_bytes(model, ends, ids)) for ends in splits(len(model.layers), model.stages))
 
 
-def binding_case(seed: int, vpp: int):
+def binding_case(seed: int, vpp: int, memory: MemoryModel = MEMORY):
     """A random model whose memory limit rules out the unconstrained optimum yet still admits a plan."""
     rng = random.Random(seed)
     while True:
@@ -156,10 +163,11 @@ def binding_case(seed: int, vpp: int):
         n = rng.randint(6, 9) if vpp == 1 else rng.randint(2 * vpp + 1, 7)
         m = rng.randint(2, 6) if vpp == 1 else 2 * rng.randint(1, 3)
         layers = random_layers(rng, n)
-        full = worst_rank_bytes(make_model(layers, math.inf, pp, vpp, m), recompute_all=True)
-        roomy = worst_rank_bytes(make_model(layers, math.inf, pp, vpp, m), recompute_all=False)
-        model = make_model(layers, full + rng.uniform(0.2, 0.9) * (roomy - full), pp, vpp, m)
-        free, _, _ = brute_force(make_model(layers, math.inf, pp, vpp, m))
+        roomy_model = make_model(layers, math.inf, pp, vpp, m, memory)
+        full = worst_rank_bytes(roomy_model, recompute_all=True)
+        roomy = worst_rank_bytes(roomy_model, recompute_all=False)
+        model = make_model(layers, full + rng.uniform(0.2, 0.9) * (roomy - full), pp, vpp, m, memory)
+        free, _, _ = brute_force(roomy_model)
         best, policy, per_split = brute_force(model)
         if math.isfinite(best) and best > free + 1e-9:
             return model, best, policy, per_split
@@ -178,9 +186,10 @@ def check_plan(p: Plan, model: IterationModel) -> None:
     assert predict(p) == (pytest.approx(step, abs=1e-9), pytest.approx(tuple(rank_bytes)))
 
 
+@pytest.mark.parametrize("memory", [MEMORY, NO_WORKSPACE], ids=["workspace", "no-workspace"])
 @pytest.mark.parametrize("seed", range(6))
-def test_1f1b_matches_brute_force(seed: int) -> None:
-    model, best, policy, _ = binding_case(seed, vpp=1)
+def test_1f1b_matches_brute_force(seed: int, memory: MemoryModel) -> None:
+    model, best, policy, _ = binding_case(seed, vpp=1, memory=memory)
     assert policy == pytest.approx(best, abs=1e-9)  # with one stage per rank the least total is optimal
     result = search([model], keep=3)
     assert result.plans[0].step_ms == pytest.approx(best, abs=1e-9)
@@ -190,9 +199,10 @@ def test_1f1b_matches_brute_force(seed: int) -> None:
         check_plan(p, model)
 
 
+@pytest.mark.parametrize("memory", [MEMORY, NO_WORKSPACE], ids=["workspace", "no-workspace"])
 @pytest.mark.parametrize("seed", range(6))
-def test_interleaved_matches_brute_force(seed: int) -> None:
-    model, best, policy, _ = binding_case(100 + seed, vpp=2)
+def test_interleaved_matches_brute_force(seed: int, memory: MemoryModel) -> None:
+    model, best, policy, _ = binding_case(100 + seed, vpp=2, memory=memory)
     result = search([model], keep=3)
     assert result.plans[0].step_ms == pytest.approx(policy, abs=1e-9)  # exact under least-total recompute
     assert result.lower_bound_ms <= best + 1e-9 <= result.plans[0].step_ms + 2e-9  # the proven bound holds

@@ -17,13 +17,22 @@
     ``bytes[v]`` being what virtual stage ``v`` keeps per microbatch (``recompute_kept_bytes``
     for a recomputed layer, plus the embedding / head activations on the first / last stage),
     scaled by ``1 + fragmentation``; under 1F1B the one vector is ``(min(pp - rank, m),)``;
+  - the recompute workspace: the backward of a recomputed layer first re-runs its forward,
+    which materialises the layer's full activations again on top of what the rank holds
+    (``activation_bytes - recompute_kept_bytes`` beyond the checkpoint it kept); one such
+    backward runs at a time, so a rank that recomputes adds the largest of these over the
+    layers it recomputes (0 when it recomputes none), scaled like the activations. The PP = 2
+    H200 runs measured this transient: 4.5-6.1 GiB of the peak outside weights and saved
+    activations on every rank that recomputes against 1.6-2.6 GiB on the 1F1B ranks that do
+    not, where a proxy layer re-materialises 2.9-3.5 GiB
+    (``bench/2026-11-30-h200-plan-validate.md``);
   - a fixed p2p buffer and a fixed reserve (CUDA context, NCCL, workspaces).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,7 +198,10 @@ class MemoryBreakdown:
     weights_and_grads: float
     optimizer: float
     activations: float
+    """Peak activation bytes, the recompute workspace included (scaled by the fragmentation factor)."""
     buffers: float
+    workspace: float = 0.0
+    """Of ``activations``: the recompute workspace (see :meth:`MemoryModel.workspace_bytes`), scaled."""
 
     @property
     def total(self) -> float:
@@ -202,7 +214,8 @@ class MemoryModel:
 
     ``dense_shards`` / ``expert_shards`` are the ranks the distributed optimizer shards dense /
     expert parameters over (``dp`` and ``dp / ep``); ``activation_factor`` is ``1 +
-    fragmentation``.
+    fragmentation``; ``recompute_workspace`` False leaves the recompute workspace out (the
+    model before 2026-12-01, for comparisons).
     """
 
     p2p_buffer_bytes: float
@@ -212,6 +225,7 @@ class MemoryModel:
     dense_shards: int = 1
     expert_shards: int = 1
     activation_factor: float = 1.0
+    recompute_workspace: bool = True
 
     def __post_init__(self) -> None:
         if self.dense_shards < 1 or self.expert_shards < 1 or min(
@@ -243,13 +257,25 @@ class MemoryModel:
             return min(pp - rank, microbatches)
         return min(2 * (pp - rank - 1) + (vpp - 1) * pp + 1, microbatches * vpp)
 
-    def activation_bytes(self, peaks: Sequence[Sequence[int]], per_stage: Sequence[float]) -> float:
-        """Peak activation bytes of a rank: the worst in-flight vector against each virtual stage's bytes."""
-        return self.activation_factor * max(sum(n * b for n, b in zip(vec, per_stage)) for vec in peaks)
+    def workspace_bytes(self, recomputed: Iterable[LayerCost]) -> float:
+        """Unscaled recompute workspace of a rank that recomputes ``recomputed``: the most bytes one of
+        them re-materialises beyond its checkpoint, ``max(activation_bytes - recompute_kept_bytes)``,
+        0 for none (or with ``recompute_workspace`` off). See the module doc for why."""
+        if not self.recompute_workspace:
+            return 0.0
+        return float(max((l.activation_bytes - l.recompute_kept_bytes for l in recomputed), default=0))
+
+    def activation_bytes(self, peaks: Sequence[Sequence[int]], per_stage: Sequence[float],
+                         workspace: float = 0.0) -> float:
+        """Peak activation bytes of a rank: the worst in-flight vector against each virtual stage's bytes,
+        plus the unscaled recompute ``workspace``, all times ``activation_factor``."""
+        return self.activation_factor * (max(sum(n * b for n, b in zip(vec, per_stage)) for vec in peaks)
+                                         + workspace)
 
     def breakdown(self, params: float, expert_params: float, peaks: Sequence[Sequence[int]],
-                  per_stage: Sequence[float]) -> MemoryBreakdown:
-        """The rank's peak bytes by part."""
+                  per_stage: Sequence[float], workspace: float = 0.0) -> MemoryBreakdown:
+        """The rank's peak bytes by part; ``workspace`` is its unscaled recompute workspace."""
         return MemoryBreakdown(params * self.weight_grad_bytes_per_param,
                                self.sharded_params(params, expert_params) * self.optimizer_bytes_per_param,
-                               self.activation_bytes(peaks, per_stage), self.fixed_bytes)
+                               self.activation_bytes(peaks, per_stage, workspace), self.fixed_bytes,
+                               self.activation_factor * workspace)

@@ -183,7 +183,9 @@ class IterationModel:
             ends[op.rank] = max(ends[op.rank], op.end)
         tails = tuple(self.tail_ms(params[r], experts[r]) for r in range(self.pp))
         peaks = in_flight_peaks(self.pp, self.vpp, self.microbatches)
-        memory = tuple(self.memory.breakdown(params[r], experts[r], peaks[r], kept[r::self.pp])
+        workspace = [self.memory.workspace_bytes(self.layers[i] for stage in layout.stages[r::self.pp]
+                                                 for i in stage.layer_ids if i in recompute) for r in range(self.pp)]
+        memory = tuple(self.memory.breakdown(params[r], experts[r], peaks[r], kept[r::self.pp], workspace[r])
                        for r in range(self.pp))
         return Evaluation(max(end + tail for end, tail in zip(ends, tails)), result.makespan, tuple(fwd),
                           tuple(bwd), tails, memory, result)

@@ -24,6 +24,17 @@ vector of the schedule. Bytes are counted in buckets of ``byte_granularity`` (1 
 layer rounded *up*, so a returned plan truly fits; with byte counts that are multiples of the
 granularity the frontier is exact.
 
+The recompute workspace (``MemoryModel.workspace_bytes``: the largest ``activation_bytes -
+recompute_kept_bytes`` over the layers a rank recomputes) is a max, not a sum, so it does not
+fit the knapsack. The rank's choice is therefore solved once per workspace level ``w`` (0 and
+each distinct re-materialised size of the rank's layers): only layers re-materialising at most
+``w`` may be recomputed and ``w`` is charged against the rank's memory. A choice solved at ``w``
+truly holds at most ``w`` of workspace, so it fits the model; the best choice re-materialises
+exactly some level, where it is feasible, so the least total over the levels is the exact
+optimum, and the least per level of each proven bound is a proven bound. The bounds that look
+ahead (``_future``, ``room_for_rest``, the split bound) leave the workspace out: it only adds
+memory, so they stay lower bounds, if looser ones.
+
 Splits are enumerated depth-first, chunk by chunk, each chunk's end tried nearest the even
 share of the remaining work first, with branch and bound on :meth:`_Prepared.bound`.
 ``max_nodes`` caps the partial splits expanded per model; what is left unexplored then only lowers
@@ -86,16 +97,28 @@ class SearchResult:
         return max(0.0, 1 - self.lower_bound_ms / best) if best > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class _Choice:
+    """A rank's recompute choice: the workspace level it was solved at, the frontier index and the
+    added ms per virtual stage."""
+
+    level: float
+    indices: tuple[int, ...]
+    times: tuple[float, ...]
+
+
 class _Frontiers:
     """Per chunk ``[a, b)``: Pareto lists of (kept buckets, added ms), memoised by ``a`` with ``b`` growing.
 
     ``K`` ascends and ``D`` strictly descends; ``S`` traces each point back (``parent * 2 + recomputed``).
     """
 
-    def __init__(self, layers: Sequence[LayerCost], granularity: int):
+    def __init__(self, layers: Sequence[LayerCost], granularity: int, limit: float = math.inf):
+        """Only layers re-materialising at most ``limit`` bytes when recomputed may be recomputed."""
         self.keep = [math.ceil(l.activation_bytes / granularity) for l in layers]
         self.rec = [math.ceil(l.recompute_kept_bytes / granularity) for l in layers]
         self.cost = [l.recompute_cost_ms for l in layers]
+        self.allowed = [l.activation_bytes - l.recompute_kept_bytes <= limit for l in layers]
         self._lists: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 
     def get(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -104,6 +127,9 @@ class _Frontiers:
             j = a + len(lists) - 1
             K, D, _ = lists[-1]
             src = np.arange(len(K)) * 2
+            if not self.allowed[j]:  # kept in full: the same frontier shifted
+                lists.append((K + self.keep[j], D, src))
+                continue
             K2 = np.concatenate([K + self.keep[j], K + self.rec[j]])
             D2 = np.concatenate([D, D + self.cost[j]])
             S2 = np.concatenate([src, src + 1])
@@ -145,7 +171,8 @@ class _Prepared:
         self.B = np.concatenate([[0.0], np.cumsum([l.backward_ms for l in layers])]).tolist()
         self.P = [0] + np.cumsum([l.param_count for l in layers], dtype=np.int64).tolist()
         self.X = [0] + np.cumsum([l.expert_param_count for l in layers], dtype=np.int64).tolist()
-        self.frontiers = _Frontiers(layers, granularity)
+        self.freed = [l.activation_bytes - l.recompute_kept_bytes for l in layers]
+        self._frontiers = {math.inf: _Frontiers(layers, granularity)}
         C = self.C
         self.extra_f = [(c == 0) * e.embedding_forward_ms + (c == C - 1) * e.head_forward_ms + model.busy_ms(c)
                         for c in range(C)]
@@ -199,7 +226,7 @@ class _Prepared:
         self.work, self.params, self.experts = [0.0] * self.pp, [0] * self.pp, [0] * self.pp
         self.total, self.full, self.freeable = [0.0] * self.pp, [0.0] * self.pp, [0.0] * self.pp
         self.held = [0.0] * self.pp  # least activation bytes the placed stages hold (all recomputed), scaled
-        self.picked: list[tuple[int, ...]] = [()] * self.pp
+        self.picked: list[_Choice] = [_Choice(math.inf, (), ())] * self.pp
         self.exact = [True] * self.pp
         self._solved: dict[tuple, tuple[float, tuple[int, ...], tuple[int, ...], float] | None] = {}
 
@@ -211,14 +238,30 @@ class _Prepared:
                 - mem.fixed_bytes)
         return free / mem.activation_factor
 
-    def recompute(self, r: int, count: int) -> tuple[float, tuple[int, ...], tuple[int, ...], float] | None:
+    def frontiers(self, limit: float = math.inf) -> _Frontiers:
+        """The frontiers where only layers re-materialising at most ``limit`` bytes may be recomputed."""
+        if limit >= max(self.freed):
+            limit = math.inf
+        if limit not in self._frontiers:
+            self._frontiers[limit] = _Frontiers(self.model.layers, self.gran, limit)
+        return self._frontiers[limit]
+
+    def workspace_levels(self, chunks: Sequence[int]) -> list[float]:
+        """The workspace levels a rank holding ``chunks`` is solved at (see the module doc); ``inf`` alone
+        (no limit, nothing charged) when the memory model leaves the workspace out."""
+        if not self.model.memory.recompute_workspace:
+            return [math.inf]
+        return sorted({0} | {self.freed[j] for c in chunks for j in range(self.a[c], self.b[c]) if self.freed[j] > 0})
+
+    def recompute(self, r: int, count: int) -> tuple[float, _Choice, tuple[float, ...], float] | None:
         """Least total recompute of rank ``r``'s first ``count`` virtual stages that fits; None if none does.
 
-        Returns (a proven lower bound on that total, the frontier index per stage of the best
-        choice found, the per-stage least-time indices, the least scaled activation bytes).
-        Stages not placed yet count as holding nothing, so for ``count < vpp`` these are lower
-        bounds. The choice is a branch and bound over the stages' frontiers from a greedy start;
-        past ``_SOLVE_STEPS`` it keeps the best found and proves only the per-stage bound.
+        Returns (a proven lower bound on that total, the best choice found, the per-stage least
+        added times, the least scaled activation bytes, workspace included). Stages not placed
+        yet count as holding nothing, so for ``count < vpp`` these are lower bounds. Per
+        workspace level (module doc) the choice is a branch and bound over the stages' frontiers
+        from a greedy start; past ``_SOLVE_STEPS`` it keeps the best found and proves only the
+        per-stage bound.
         """
         chunks = range(r, r + count * self.pp, self.pp)
         key = (r, tuple((self.a[c], self.b[c]) for c in chunks))
@@ -226,18 +269,37 @@ class _Prepared:
             self._solved[key] = self._recompute(r, chunks)
         return self._solved[key]
 
-    def _recompute(self, r: int, chunks: range) -> tuple[float, tuple[int, ...], tuple[int, ...], float] | None:
+    def _recompute(self, r: int, chunks: range) -> tuple[float, _Choice, tuple[float, ...], float] | None:
+        proven, best, lower, held = math.inf, None, None, math.inf
+        for level in self.workspace_levels(chunks):
+            solved = self._recompute_within(r, chunks, level)
+            if solved is None:
+                continue
+            bound, choice, least, level_held = solved
+            proven, held = min(proven, bound), min(held, level_held)
+            lower = least if lower is None else tuple(map(min, lower, least))
+            if best is None or (sum(choice.times), choice.times) < (sum(best.times), best.times):
+                best = choice
+        if best is None:
+            return None
+        return proven, best, lower, held
+
+    def _recompute_within(self, r: int, chunks: range,
+                          level: float) -> tuple[float, _Choice, tuple[float, ...], float] | None:
+        """:meth:`recompute` at one workspace level (``inf``: no limit, no workspace charged)."""
         count, gran = len(chunks), self.gran
-        fronts = [self.frontiers.get(self.a[c], self.b[c]) for c in chunks]
+        frontiers = self.frontiers(level)
+        fronts = [frontiers.get(self.a[c], self.b[c]) for c in chunks]
         extra = [self.extra_act[c] for c in chunks]
         vecs = [vec[:count] for vec in self.peaks[r]]
-        avail = self._avail(r)
+        workspace = 0.0 if math.isinf(level) else level
+        avail = self._avail(r) - workspace
         low = [x + gran * int(K[0]) for x, (K, _) in zip(extra, fronts)]
         lows = [sum(n * x for n, x in zip(vec, low)) for vec in vecs]
         held = max(lows)
         if held > avail:
             return None
-        held *= self.model.memory.activation_factor
+        held = (held + workspace) * self.model.memory.activation_factor
         lower = []
         for v, (K, _) in enumerate(fronts):
             cap = math.inf
@@ -250,7 +312,7 @@ class _Prepared:
         over = [sum(n * (x + gran * int(K[i])) for n, x, (K, _), i in zip(vec, extra, fronts, lower)) - avail
                 for vec in vecs]
         if max(over) <= 0:
-            return sum(floor), lower_t, lower_t, held
+            return sum(floor), _Choice(level, lower_t, tuple(floor)), tuple(floor), held
         # a feasible start: from the per-stage least times, keep recomputing more where a ms frees the most
         idx = list(lower)
         while max(over) > 0:  # terminates: with every stage at its least bytes the rank fits (checked above)
@@ -290,7 +352,7 @@ class _Prepared:
 
         walk(0, [0.0] * len(vecs), 0.0, (), ())
         proven = best[0] if steps[0] >= 0 else sum(floor)  # out of steps: only the per-stage bound is proven
-        return proven, best[1], lower_t, held
+        return proven, _Choice(level, best[1], best[2]), tuple(floor), held
 
     def room_for_rest(self, k: int, pos: int) -> bool:
         """Whether the weights still to place (static bytes, the same on any rank) fit the open ranks' room."""
@@ -300,9 +362,6 @@ class _Prepared:
                    for r in range(self.pp) if self.open[k][r])
         need = mem.static_bytes(self.P[self.n] - self.P[pos] + self.rest_params[k], self.X[self.n] - self.X[pos])
         return need <= room
-
-    def added(self, c: int, index: int) -> float:
-        return float(self.frontiers.get(self.a[c], self.b[c])[1][index])
 
     # -- time -------------------------------------------------------------------------------
     def _future(self, r: int, k: int) -> list[tuple[float, float, float]]:
@@ -432,7 +491,7 @@ class _Prepared:
         """Simulated step of the placed split with each rank's chosen recompute (or per-stage least times)."""
         bwd = list(self.bw)
         for c in range(self.C):
-            bwd[c] += self.dlb[c] if least else self.added(c, self.picked[c % self.pp][c // self.pp])
+            bwd[c] += self.dlb[c] if least else self.picked[c % self.pp].times[c // self.pp]
         ends = self.schedule.rank_ends(self.f, bwd, self.model.p2p_ms)
         return max(end + self.model.tail_ms(self.params[r], self.experts[r]) for r, end in enumerate(ends))
 
@@ -498,12 +557,12 @@ class _Search:
             total, picked, lower, prep.held[r] = solved
             if not prep.room_for_rest(c + 1, b):
                 continue
-            prep.total[r], prep.picked[r], prep.exact[r] = total, picked, picked == lower
+            prep.total[r], prep.picked[r], prep.exact[r] = total, picked, picked.times == lower
             prep.full[r] = saved[4] + heavy * (prep.extra_act[c] + prep.act[b] - prep.act[a])
             prep.freeable[r] = saved[7] + heavy * (prep.act[b] - prep.act[a] - prep.kept[b] + prep.kept[a])
             prep.work[r] = _rank_work(prep, r, v + 1) + total
-            for w, i in enumerate(lower):
-                prep.dlb[r + w * pp] = prep.added(r + w * pp, i)
+            for w, least in enumerate(lower):
+                prep.dlb[r + w * pp] = least
             threshold = self.threshold()
             bound = prep.bound(c + 1, b, threshold)
             if bound > threshold:
@@ -523,7 +582,7 @@ class _Search:
         """Offer a full split with every rank's least-total recompute; note its lower bound if not exact."""
         self.leaves += 1
         step = prep.step()
-        recompute = sum(prep.added(c, prep.picked[c % prep.pp][c // prep.pp]) for c in range(prep.C))
+        recompute = sum(sum(choice.times) for choice in prep.picked)
         self.offer(step, recompute, (prep, tuple(prep.a), tuple(prep.b), tuple(prep.picked)))
         if not all(prep.exact):
             self.unresolved = min(self.unresolved, max(bound, prep.step(least=True)))
@@ -569,11 +628,12 @@ def _rank_work(prep: _Prepared, r: int, count: int) -> float:
 
 
 def _build_plan(prep: _Prepared, starts: tuple[int, ...], ends: tuple[int, ...],
-                picked: tuple[tuple[int, ...], ...]) -> Plan:
+                picked: tuple[_Choice, ...]) -> Plan:
     prep.a, prep.b = list(starts), list(ends)
     recompute = []
     for c in range(prep.C):
-        recompute += prep.frontiers.recomputed(starts[c], ends[c], picked[c % prep.pp][c // prep.pp])
+        choice = picked[c % prep.pp]
+        recompute += prep.frontiers(choice.level).recomputed(starts[c], ends[c], choice.indices[c // prep.pp])
     layout = parse_layout(prep.layout_text(), prep.n - 1, prep.pp, 1)
     model = prep.model
     return Plan(layout, tuple(sorted(recompute)), model, model.evaluate(layout, recompute))
@@ -644,7 +704,8 @@ def _overflow(prep: _Prepared, rank: int, chunks: Sequence[tuple[int, int, int]]
     for c, a, b in chunks:
         kept[c // prep.pp] = prep.extra_act[c] + sum(l.recompute_kept_bytes for l in model.layers[a:b])
     static = mem.static_bytes(params, experts)
-    act = mem.activation_bytes(prep.peaks[rank], kept)
+    act = mem.activation_bytes(prep.peaks[rank], kept,
+                               mem.workspace_bytes(l for _, a, b in chunks for l in model.layers[a:b]))
     return static + act + mem.fixed_bytes - model.capacity_bytes, static, act
 
 

@@ -187,8 +187,9 @@ def fit_calibration(calibration: Calibration,
       scales the profiled compute; transfer and optimizer tails are not scaled, so re-predicted
       steps move by a little less than ``k``.
     * Memory, per pipeline rank of every run: ``measured - static - p2p buffers = a *
-      activations + c`` (activations before fragmentation), least squares with ``a >= 1`` and
-      ``c >= 0``; ``fragmentation = a - 1`` and ``reserved_bytes = c``.
+      activations + c`` (activations before fragmentation, the recompute workspace included: the
+      model scales both by the same factor), least squares with ``a >= 1`` and ``c >= 0``;
+      ``fragmentation = a - 1`` and ``reserved_bytes = c``.
 
     A term without points keeps its value.
     """
