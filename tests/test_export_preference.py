@@ -107,3 +107,14 @@ def test_merge_refuses_a_table_of_another_arch_and_writes_nothing(tmp_path):
     with pytest.raises(NothingToExport, match="not a schema-1 table of arch 'sm_90'"):
         export_table(engine, "sm_90", out, merge=True)
     assert json.loads((out / "sm_90.json").read_text())["arch"] == "gfx942"
+
+
+def test_merging_a_merged_table_keeps_its_provenance_chain(tmp_path):
+    engine = _database(tmp_path, newer_winner_ms=1.5)
+    out = tmp_path / "out"
+    _previous_table(out, {"c": {"n=1": {"config": {"BLOCK": 2}}}})
+    export_table(engine, "sm_90", out, merge=True)
+    table = json.loads(export_table(engine, "sm_90", out, merge=True)[0].read_text())
+    chain = table["provenance"]["kept_from"]
+    assert chain["entries"] == {"c": 1} and chain["sweep_ids"] == [3, 4]
+    assert chain["kept_from"]["sweep_ids"] == [81] and chain["kept_from"]["entries"] == {"c": 1}

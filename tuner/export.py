@@ -129,6 +129,8 @@ def _merged(table: dict[str, Any], previous: dict[str, Any], skip: Sequence[str]
     # Sweep ids are per database: the kept entries' ids are listed apart, never mixed with this export's.
     new["kept_from"] = {"exported_at": old.get("exported_at"), "sweep_ids": old.get("sweep_ids", []),
                         "entries": dict(sorted(kept.items()))}
+    if "kept_from" in old:  # that table kept entries of an older one in turn: the chain stays readable
+        new["kept_from"]["kept_from"] = old["kept_from"]
     return table
 
 
