@@ -120,6 +120,8 @@ def test_the_refit_recovers_known_terms_and_an_oom_is_a_misprediction(validated)
     cands = candidates(outcome, 1)
     frag, reserved, factor = 0.2, 3 * (1 << 20), 0.5
     *ok, oom = cands
+    # the recompute workspace is part of the activations the fit scales (the full-recompute baseline has one)
+    assert any(b.workspace > 0 for c in ok for b in c.plan.evaluation.memory)
     runs = []
     for i, c in enumerate(ok):
         memory = tuple(b.weights_and_grads + b.optimizer + (b.buffers - CPU_CALIBRATION.reserved_bytes)

@@ -172,7 +172,8 @@ class Outcome:
             "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu(plan), "tflops_per_gpu": self.tflops_per_gpu(plan),
             "stages": [{"rank": r, "in_flight": MemoryModel.in_flight(r, model.pp, model.microbatches, model.vpp),
                         "weights_and_grads_bytes": m.weights_and_grads, "optimizer_bytes": m.optimizer,
-                        "activation_bytes": m.activations, "buffer_bytes": m.buffers, "total_bytes": m.total,
+                        "activation_bytes": m.activations, "workspace_bytes": m.workspace,
+                        "buffer_bytes": m.buffers, "total_bytes": m.total,
                         "headroom_bytes": self.capacity_bytes - m.total}
                        for r, m in enumerate(ev.memory)],
         }
