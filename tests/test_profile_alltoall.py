@@ -7,15 +7,14 @@ from __future__ import annotations
 import pytest
 import ray
 from sqlalchemy import select
-from typer.testing import CliRunner
 
 from db import open_database, session_scope
 from db.planning import AlltoallProfile
-from tuner.cli import app
 from tuner.planner.profiles import load_costs, store_profiles
 from tuner.profile_alltoall import AlltoallShape, summarize
 from tuner.profile_layers import LayerCost
 from v4.config import layer_kind, load_preset
+from tests.cli_run import invoke_tuner as tuner
 
 A2A = ["profile", "alltoall", "--model", "tiny", "--seq", "64", "--device", "cpu"]
 
@@ -27,13 +26,6 @@ def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
-
-
-def tuner(db: str, *args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, ["--db", db, *args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
 
 
 def stored(db: str) -> list[AlltoallProfile]:

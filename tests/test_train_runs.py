@@ -9,15 +9,14 @@ import json
 import pytest
 import ray
 from sqlalchemy import select
-from typer.testing import CliRunner
 
 from db import open_database, session_scope
 from db.planning import LayerProfile
 from db.training import TrainRun
-from tuner.cli import app
 from v4.config import layer_kind, load_preset
 from v4.recompute import SELECTIVE_MODULES
 from workers import train_runner
+from tests.cli_run import invoke_tuner as tuner
 
 RUN = ["--model", "tiny", "--layout", "Et*2|t*2mL", "--gbs", "4", "--seq", "64", "--world", "2", "--device", "cpu"]
 
@@ -30,13 +29,6 @@ def local_ray():
              runtime_env={"worker_process_setup_hook": "tests.train_faults.oom_on_last_stage"})
     yield
     ray.shutdown()
-
-
-def tuner(db: str, *args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(app, ["--db", db, *args])
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.output
 
 
 def rows(db: str) -> list[TrainRun]:
