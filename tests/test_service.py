@@ -198,3 +198,17 @@ def test_cancel_stops_a_running_sweep(tmp_path, db_url):
     assert len(trials_of(db_url, sweep_id)) < 5  # it stopped before the grid was done
     listing = tuner("sweep", "list", db=db_url).stdout
     assert "fault_probe" in listing and "cancelled" in listing
+
+
+def test_commands_in_one_process_each_reach_their_own_database(tmp_path):
+    """The CLI keeps an engine per URL: a second in-process command with another --db must not reuse
+    the first one's (the cancel test above once made a later test's `serve` read its database)."""
+    first, second = (f"sqlite:///{tmp_path / name}" for name in ("first.db", "second.db"))
+    spec = write_spec(tmp_path, "one.yaml", kernel="fault_probe", shapes=[{"n": 100}], space={"MODE": ["ok"]},
+                      strategy={"name": "grid"})
+    assert invoke_tuner(first, "sweep", "list")[0] == 0
+    assert invoke_tuner(second, "sweep", "queue", str(spec)) == (0, "1\n")
+    with session_scope(open_database(first)) as session:
+        assert session.scalars(select(Sweep)).all() == []
+    with session_scope(open_database(second)) as session:
+        assert [s.kernel for s in session.scalars(select(Sweep)).all()] == ["fault_probe"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from collections import Counter
@@ -46,11 +45,19 @@ user_errors = reporting(USER_ERRORS)
 
 
 class State:
+    """The database of the command being run. Engines are kept per URL, so that commands run one after
+    another in one process (tests, scripts calling the app) each reach their own ``--db``."""
+
     db_url: str = ""
 
-    @functools.cached_property
+    def __init__(self) -> None:
+        self._engines: dict[str, Engine] = {}
+
+    @property
     def engine(self) -> Engine:
-        return open_database(self.db_url)
+        if self.db_url not in self._engines:
+            self._engines[self.db_url] = open_database(self.db_url)
+        return self._engines[self.db_url]
 
 
 state = State()
