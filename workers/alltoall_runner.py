@@ -16,7 +16,6 @@ A rank that fails, or no answer before the deadline, raises :class:`AlltoallRunE
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -28,6 +27,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tuner.profile_alltoall import AlltoallCost, AlltoallShape, summarize
 from workers.pool import FORWARDED_PREFIXES
+from workers.rendezvous import rendezvous_address
 from workers.train_runner import PLACEMENT_TIMEOUT_S, START_TIMEOUT_S
 
 
@@ -50,10 +50,7 @@ class AlltoallRank:
     """One EP rank: joins the process group, times its all-to-alls, leaves the group."""
 
     def rendezvous(self) -> tuple[str, int]:
-        address = ray.util.get_node_ip_address()
-        with socket.socket() as sock:
-            sock.bind((address, 0))
-            return address, sock.getsockname()[1]
+        return rendezvous_address()
 
     def measure(self, shape: AlltoallShape, device: str, warmup: int, reps: int, rank: int, address: str, port: int,
                 timeout_s: float) -> dict[str, Any]:

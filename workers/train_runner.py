@@ -17,7 +17,6 @@ The run's result is ``merge_results`` of the ranks' answers (an OOM anywhere win
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from v4.pipeline import RunConfig, RunResult, merge_results
 from workers.pool import FORWARDED_PREFIXES
+from workers.rendezvous import rendezvous_address
 
 PLACEMENT_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 300.0  # an actor's first start imports torch
@@ -55,10 +55,7 @@ class RankActor:
     """One rank of the run: joins the process group, trains, leaves the group."""
 
     def rendezvous(self) -> tuple[str, int]:
-        address = ray.util.get_node_ip_address()
-        with socket.socket() as sock:
-            sock.bind((address, 0))
-            return address, sock.getsockname()[1]
+        return rendezvous_address()
 
     def train(self, run: dict[str, Any], rank: int, world: int, address: str, port: int,
               timeout_s: float) -> dict[str, Any]:
