@@ -4,6 +4,7 @@ Triton kernels against eager on single layers."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from v4.data import MarkovTokens
 from v4.flops import Flops, layer_flops, model_flops
 from v4.memory import SavedActivations
 from v4.model import build_layer
+from v4.ops import get_ops
 from v4.optim import BYTES_PER_PARAM, MixedPrecisionAdamW, clip_coefficient, _accumulate
 from v4.recompute import RecomputeError, RecomputePlan
 from v4.stages import build_stage, stage_io
@@ -424,3 +426,12 @@ def test_triton_layer_matches_eager(layer_id: int) -> None:
     assert grads_t.keys() == grads_e.keys()
     for name in grads_e:  # bf16 rounding (truncation under the interpreter) differs, directions agree
         assert _cosine(grads_t[name], grads_e[name]) > 0.99, name
+
+
+def test_triton_ops_are_the_kernels_wherever_a_kernel_exists() -> None:
+    """Every op of the ``triton`` table but RoPE on the indexer's 128-wide heads (no kernel) is a
+    project kernel, not its eager reference: until 2026-12-01 the attention-side kernels had landed
+    but were never swapped in, and every "triton" run attended eagerly."""
+    eager, triton_ops = get_ops("eager"), get_ops("triton")
+    same = {f.name for f in dataclasses.fields(triton_ops) if getattr(triton_ops, f.name) is getattr(eager, f.name)}
+    assert same == {"indexer_rope"}
