@@ -1,14 +1,9 @@
 """Time one MoE layer's EP all-to-all on ``ep`` Ray actors of one node: ``run_alltoall(...) -> AlltoallOutcome``.
 
-In order, as ``workers.train_runner`` does for training runs:
-1. reserve a placement group of ``ep`` bundles (one GPU each on CUDA, one CPU otherwise),
-   STRICT_PACK: the planner takes this time as the intra-node one and models only the share
-   that crosses nodes, so the ranks must all be on one node; wait with a timeout (a request the
-   cluster cannot place is an error, not a hang);
-2. start one actor per bundle; rank 0's address and a free port on it are the rendezvous;
-3. every actor joins the process group (NCCL on CUDA, gloo on CPU) and runs
-   ``tuner.profile_alltoall.time_rank``; rank 0 also says what device it ran on;
-4. always kill the actors and remove the placement group.
+The ranks are placed and started as for training runs (``workers.rank_group``), on one node: the
+planner takes this time as the intra-node one and models only the share that crosses nodes. Every
+actor joins the process group (NCCL on CUDA, gloo on CPU) and runs ``tuner.profile_alltoall.time_rank``;
+rank 0 also says what device it ran on.
 
 A rank that fails, or no answer before the deadline, raises :class:`AlltoallRunError`.
 """
@@ -22,13 +17,10 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayError
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tuner.profile_alltoall import AlltoallCost, AlltoallShape, summarize
 from workers.pool import FORWARDED_PREFIXES
-from workers.rendezvous import rendezvous_address
-from workers.train_runner import PLACEMENT_TIMEOUT_S, START_TIMEOUT_S
+from workers.rank_group import START_TIMEOUT_S, RankGroupError, rank_group, rendezvous_address
 
 
 class AlltoallRunError(RuntimeError):
@@ -80,35 +72,18 @@ def run_alltoall(shape: AlltoallShape, device: str, warmup: int, reps: int,
                  timeout_s: float = 600.0) -> AlltoallOutcome:
     """Time ``shape``'s dispatch and combine on ``shape.ep`` ranks of the connected Ray cluster (see the module doc)."""
     world = shape.ep
-    bundle = {"GPU": 1} if device == "cuda" else {"CPU": 1}
-    group = placement_group([dict(bundle) for _ in range(world)], strategy="STRICT_PACK")
-    actors: list[Any] = []
+    # NCCL_* settings change how the all-to-all travels; the ranks must see the caller's
+    env = {k: v for k, v in os.environ.items() if k.startswith((*FORWARDED_PREFIXES, "NCCL_"))}
     try:
-        try:
-            ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
-        except GetTimeoutError:
-            raise AlltoallRunError(f"cannot place {world} bundles of {bundle} on one node within "
-                                   f"{PLACEMENT_TIMEOUT_S:.0f} s; cluster has {ray.cluster_resources()}") from None
-        options = dict(num_gpus=1, num_cpus=0) if device == "cuda" else dict(num_cpus=1)
-        # NCCL_* settings change how the all-to-all travels; the ranks must see the caller's
-        env = {k: v for k, v in os.environ.items() if k.startswith((*FORWARDED_PREFIXES, "NCCL_"))}
-        actors = [AlltoallRank.options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
-            runtime_env={"env_vars": env}, **options).remote() for rank in range(world)]
-        try:
-            address, port = ray.get(actors[0].rendezvous.remote(), timeout=START_TIMEOUT_S)
-        except (RayError, GetTimeoutError) as exc:
-            raise AlltoallRunError(f"rank 0 did not start: {exc}") from None
-        refs = [actor.measure.remote(shape, device, warmup, reps, rank, address, port, timeout_s)
-                for rank, actor in enumerate(actors)]
-        try:
-            answers = ray.get(refs, timeout=timeout_s + START_TIMEOUT_S)
-        except (RayError, GetTimeoutError) as exc:
-            raise AlltoallRunError(f"the all-to-all did not complete on {world} {device} rank(s): {exc}") from None
-    finally:
-        for actor in actors:
-            ray.kill(actor)
-        remove_placement_group(group)
+        with rank_group(AlltoallRank, world, device, {"env_vars": env}) as (actors, address, port):
+            refs = [actor.measure.remote(shape, device, warmup, reps, rank, address, port, timeout_s)
+                    for rank, actor in enumerate(actors)]
+            try:
+                answers = ray.get(refs, timeout=timeout_s + START_TIMEOUT_S)
+            except (RayError, GetTimeoutError) as exc:
+                raise AlltoallRunError(f"the all-to-all did not complete on {world} {device} rank(s): {exc}") from None
+    except RankGroupError as exc:
+        raise AlltoallRunError(str(exc)) from None
     first = answers[0]
     return AlltoallOutcome(summarize(shape, [a["times"] for a in answers]), first["gpu_kind"],
                            first["gpu_memory_bytes"], first["environment"])

@@ -1,15 +1,13 @@
 """Run one ``v4.pipeline.RunConfig`` on ``world`` Ray actors: ``run_training(run, world) -> TrainOutcome``.
 
 In order, and why:
-1. reserve a placement group of ``world`` bundles (one GPU each on CUDA, one CPU otherwise),
-   STRICT_PACK so every rank is on one node (the pipeline's sends are latency-bound), and wait
-   for it with a timeout: a request the cluster cannot place is an error, not a hang;
-2. start one actor per bundle; rank 0's node address and a free port on it are the rendezvous;
+1.-2. place and start the ranks on one node (``workers.rank_group``; one node because the
+   pipeline's sends are latency-bound); failing that, the run is ``error`` with the reason;
 3. every actor joins the process group (NCCL on CUDA, gloo on CPU) and calls ``v4.pipeline.train``;
 4. collect the answers: a rank that dies or raises, or no answer before the deadline, makes the
    run ``error`` with the message; once one rank has failed the others get ``GRACE_S`` to report
    (a peer of an OOM only notices at its next exchange) and are then killed;
-5. always kill the actors and remove the placement group.
+5. always kill the actors and remove the placement group (``workers.rank_group``).
 
 The run's result is ``merge_results`` of the ranks' answers (an OOM anywhere wins).
 """
@@ -25,15 +23,11 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayError
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from v4.pipeline import RunConfig, RunResult, merge_results
 from workers.pool import FORWARDED_PREFIXES
-from workers.rendezvous import rendezvous_address
+from workers.rank_group import START_TIMEOUT_S, RankGroupError, rank_group, rendezvous_address
 
-PLACEMENT_TIMEOUT_S = 120.0
-START_TIMEOUT_S = 300.0  # an actor's first start imports torch
 GRACE_S = 15.0
 POLL_S = 5.0  # how often the lease is renewed while the run goes on
 
@@ -142,34 +136,16 @@ def run_training(run: RunConfig, world: int, timeout_s: float = 3600.0,
     """
     if world % run.pp:
         raise ValueError(f"world={world} is not a multiple of pp={run.pp}")
-    bundle = {"GPU": 1} if run.device == "cuda" else {"CPU": 1}
-    on_phase(f"placing {world} × {bundle}")
-    group = placement_group([dict(bundle) for _ in range(world)], strategy="STRICT_PACK")
-    actors: list[Any] = []
+    on_phase(f"placing and starting {world} rank(s)")
     try:
-        try:
-            _get(group.ready(), PLACEMENT_TIMEOUT_S, keep_alive)
-        except GetTimeoutError:
-            return TrainOutcome(_failed(run, world, f"cannot place {world} bundles of {bundle} on one node within "
-                                                    f"{PLACEMENT_TIMEOUT_S:.0f} s; cluster has "
-                                                    f"{ray.cluster_resources()}"))
-        options = dict(num_gpus=1, num_cpus=0) if run.device == "cuda" else dict(num_cpus=1)
-        actors = [RankActor.options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank),
-            runtime_env=_runtime_env(run), **options).remote() for rank in range(world)]
-        on_phase(f"starting {world} rank(s)")
-        try:
-            address, port = _get(actors[0].rendezvous.remote(), START_TIMEOUT_S, keep_alive)
-        except (RayError, GetTimeoutError) as exc:
-            return TrainOutcome(_failed(run, world, f"rank 0 did not start: {exc}"))
-        on_phase(f"training {run.iters} iteration(s) on {world} {run.device} rank(s)")
-        refs = [actor.train.remote(run.model_dump(), rank, world, address, port, timeout_s)
-                for rank, actor in enumerate(actors)]
-        answers, errors = _collect(refs, timeout_s + START_TIMEOUT_S, keep_alive)
-    finally:
-        for actor in actors:
-            ray.kill(actor)
-        remove_placement_group(group)
+        with rank_group(RankActor, world, run.device, _runtime_env(run),
+                        wait=lambda ref, timeout_s: _get(ref, timeout_s, keep_alive)) as (actors, address, port):
+            on_phase(f"training {run.iters} iteration(s) on {world} {run.device} rank(s)")
+            refs = [actor.train.remote(run.model_dump(), rank, world, address, port, timeout_s)
+                    for rank, actor in enumerate(actors)]
+            answers, errors = _collect(refs, timeout_s + START_TIMEOUT_S, keep_alive)
+    except RankGroupError as exc:
+        return TrainOutcome(_failed(run, world, str(exc)))
     results = [RunResult.model_validate(a["result"]) for _, a in sorted(answers.items())]
     environment = answers.get(0, {}).get("environment", {})
     merged = merge_results(results) if results else None
