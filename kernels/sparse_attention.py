@@ -18,9 +18,8 @@ Forward (``sparse_attn_fwd``): one program per (query, block of ``BLOCK_H`` head
 ``[TILE_K, 512]`` entry tile is loaded once for the block's heads: logits = Q @ E^T on tensor cores,
 an online softmax in fp32 (exp2, log2 domain) whose running max and denominator start from the sink
 (so the sink is folded in, and a tile with every entry masked cannot make a NaN), acc += P @ E.
-Window, compressed and mixed tiles go through the same loop: every row of a tile is a row of one
-entry table (kv's rows, then kv_compressed's, copied together per call), so the gathers go out as
-asynchronous copies ``num_stages`` deep. It saves the natural-log LSE (sink included) for the backward.
+Window, compressed and mixed tiles go through the same loop: each row of a tile picks its pointer
+from kv or kv_compressed. It saves the natural-log LSE (sink included) for the backward.
 
 Backward (``sparse_attn_bwd``): the same programs recompute P = exp(l - LSE), then
 dP = dO @ E^T, dS = P (dP - rowsum(dO * O)), dq = scale dS @ E, and each tile's entry gradient
@@ -121,15 +120,13 @@ def _entry_count(s, TOPK, WINDOW, RATIO: tl.constexpr):
 
 
 @triton.jit
-def _gather_entries(table_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv_rows, p_end,
+def _gather_entries(kv_ptr, kvc_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv_rows, p_end,
                     RATIO: tl.constexpr, UPCAST: tl.constexpr):
     """The ``[TILE_K, 512]`` tile of entry positions ``pos < p_end`` of query (b, s), masked rows zero.
 
-    ``table_ptr`` is the entry table: the kv rows, then from row ``kv_rows`` the compressed rows.
-    Returns the tile with its row mask and each row's table row (-1 when masked), which is also
-    its destination in the entry-gradient buffer. One base pointer for every row lets Triton's
-    pipeliner turn the gather into asynchronous copies (it does not when each row picks one of two
-    bases), so the next tiles load while this one is multiplied.
+    Returns it with its row mask and each row's destination in the entry-gradient buffer (kv rows,
+    then ``kv_rows`` on the compressed rows; -1 when masked). Each row picks its pointer from kv
+    (window positions) or kv_compressed, so a tile may mix both.
     """
     n_win = tl.minimum(s + 1, WINDOW)
     in_win = (pos < n_win) & (pos < p_end)
@@ -142,13 +139,14 @@ def _gather_entries(table_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv_rows,
         t = tl.where((c >= 0) & (c < (s + 1) // RATIO), c, -1)
     t = tl.where(pos < p_end, t, -1)
     kv_row = (b * S + s + 1 - n_win + pos).to(tl.int64)
-    row = tl.where(in_win, kv_row, tl.where(t >= 0, kv_rows + (b * SC + t).to(tl.int64), -1))
-    valid = row >= 0
-    e = tl.load(table_ptr + tl.maximum(row, 0)[:, None] * _D + tl.arange(0, _D)[None, :], mask=valid[:, None],
-                other=0.0)
+    c_row = (b * SC + t).to(tl.int64)
+    valid = in_win | (t >= 0)
+    ptrs = tl.where(in_win[:, None], kv_ptr + kv_row[:, None] * _D, kvc_ptr + c_row[:, None] * _D)
+    e = tl.load(ptrs + tl.arange(0, _D)[None, :], mask=valid[:, None], other=0.0)
     if UPCAST:  # the interpreter's tl.dot multiplies bf16 operands as raw bits (see grouped_gemm._mma)
         e = e.to(tl.float32)
-    return e, valid, row
+    dest = tl.where(in_win, kv_row, tl.where(t >= 0, kv_rows + c_row, -1))
+    return e, valid, dest
 
 
 @triton.jit
@@ -167,8 +165,8 @@ def _head_offsets(b, s, S, H, heads):
 
 @triton.jit
 def _sparse_attn_fwd_kernel(
-    q_ptr, table_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr,
-    S, H, SC, TOPK, WINDOW, kv_rows, qk_scale,
+    q_ptr, kv_ptr, kvc_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr,
+    S, H, SC, TOPK, WINDOW, qk_scale,
     RATIO: tl.constexpr, BLOCK_H: tl.constexpr, TILE_K: tl.constexpr, UPCAST: tl.constexpr,
 ):
     s = tl.program_id(0)
@@ -185,8 +183,8 @@ def _sparse_attn_fwd_kernel(
     acc = tl.zeros([BLOCK_H, _D], dtype=tl.float32)
     n_pos = _entry_count(s, TOPK, WINDOW, RATIO)
     for p0 in range(0, n_pos, TILE_K):
-        e, valid, _ = _gather_entries(table_ptr, idx_ptr, p0 + tl.arange(0, TILE_K), s, b, S, SC, TOPK,
-                                      WINDOW, kv_rows, n_pos, RATIO, UPCAST)
+        e, valid, _ = _gather_entries(kv_ptr, kvc_ptr, idx_ptr, p0 + tl.arange(0, TILE_K), s, b, S, SC, TOPK,
+                                      WINDOW, 0, n_pos, RATIO, UPCAST)
         logits = tl.dot(q, tl.trans(e)) * qk_scale
         logits = tl.where(valid[None, :], logits, float("-inf"))
         m_new = tl.maximum(m, tl.max(logits, axis=1))
@@ -201,7 +199,7 @@ def _sparse_attn_fwd_kernel(
 
 @triton.jit
 def _sparse_attn_bwd_kernel(
-    q_ptr, table_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, do_ptr,
+    q_ptr, kv_ptr, kvc_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, do_ptr,
     dq_ptr, dsink_ptr, dkv_ptr, dest_ptr,
     S, H, SC, TOPK, WINDOW, kv_rows, qk_scale, sm_scale, p_begin, p_end,
     RATIO: tl.constexpr, BLOCK_H: tl.constexpr, TILE_K: tl.constexpr, SPLIT: tl.constexpr,
@@ -238,7 +236,7 @@ def _sparse_attn_bwd_kernel(
     n_pos = tl.minimum(p_end, _entry_count(s, TOPK, WINDOW, RATIO))
     for p0 in range(p_begin, n_pos, TILE_K):
         pos = p0 + tl.arange(0, TILE_K)
-        e, valid, dest = _gather_entries(table_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv_rows,
+        e, valid, dest = _gather_entries(kv_ptr, kvc_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv_rows,
                                          n_pos, RATIO, UPCAST)
         p = tl.where(valid[None, :], tl.exp2(tl.dot(q, tl.trans(e)) * qk_scale - lse2[:, None]), 0.0)
         ds = p * (tl.dot(do, tl.trans(e)) - delta[:, None])
@@ -301,16 +299,6 @@ def _geometry(q: Tensor, kvc: Tensor | None, indices: Tensor | None) -> tuple[in
     return batch, seq, heads, 0 if kvc is None else kvc.shape[1], 0 if indices is None else indices.shape[2]
 
 
-def _entry_table(kv: Tensor, kvc: Tensor | None) -> Tensor:
-    """The kernels' one ``[B * S + B * S_c, 512]`` table of entries: kv's rows, then kv_compressed's.
-
-    The copy moves 1.25 MB a thousand tokens at CSA's ratio, well under 1% of either launch's time at
-    the V4 shapes, and buys the asynchronous gathers of ``_gather_entries``.
-    """
-    rows = kv.reshape(-1, LATENT_DIM)
-    return rows if kvc is None else torch.cat([rows, kvc.reshape(-1, LATENT_DIM)])
-
-
 def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, sink: Tensor, ratio: int,
              window: int, config: Config, compile_only: bool = False) -> tuple[Tensor, Tensor]:
     """``(o [B, S, H, 512] bf16, lse [B, S, H] fp32)`` of contiguous inputs."""
@@ -320,8 +308,8 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
     launch(
         _sparse_attn_fwd_kernel,
         (seq, triton.cdiv(heads, config["BLOCK_H"]), batch),
-        (q, _entry_table(kv, kvc), kv if indices is None else indices, sink, o, lse,
-         seq, heads, n_comp, topk, window, batch * seq, SOFTMAX_SCALE * _LOG2E),
+        (q, kv, kv if kvc is None else kvc, kv if indices is None else indices, sink, o, lse,
+         seq, heads, n_comp, topk, window, SOFTMAX_SCALE * _LOG2E),
         {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "UPCAST": _interpreted()},
         config,
         compile_only,
@@ -348,14 +336,13 @@ def _backward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None,
     if split:
         slots = torch.empty(head_blocks * kv_rows * chunk, LATENT_DIM, dtype=q.dtype, device=q.device)
         dest = torch.empty(kv_rows * chunk, dtype=torch.int32, device=q.device)
-    table = _entry_table(kv, kvc)
     for p_begin in passes:
         if split:
             dest.fill_(-1)
         launch(
             _sparse_attn_bwd_kernel,
             (seq, head_blocks, batch),
-            (q, table, kv if indices is None else indices, sink, o, lse, do,
+            (q, kv, kv if kvc is None else kvc, kv if indices is None else indices, sink, o, lse, do,
              dq, dsink, slots if split else grads, dest if split else grads,
              seq, heads, n_comp, topk, window, kv_rows, SOFTMAX_SCALE * _LOG2E, SOFTMAX_SCALE,
              p_begin, p_begin + chunk),
