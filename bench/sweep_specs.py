@@ -14,8 +14,8 @@ same shapes, swept once.
 
 Every sweep measures the kernel's heuristic default first (the runner enqueues it).
 
-Usage: python bench/sweep_specs.py OUT_DIR [GROUP]  (gemm, memory, attention, tma or
-split-glue-tma-bwd; default gemm and memory)
+Usage: python bench/sweep_specs.py OUT_DIR [GROUP]  (gemm, memory, attention, tma,
+split-glue-tma-bwd or glue-4096; default gemm and memory)
 """
 
 from __future__ import annotations
@@ -110,6 +110,19 @@ def tma_specs(spaces: dict[str, dict], ep8_only: bool = False) -> list[tuple[str
     return specs
 
 
+# The glue forward at 4,096 tokens, where the 2026-12-01 TPE sweeps (16 trials of 540 configs) left
+# it at 35-38% of the copy bandwidth: a grid over the long-loop tilings around their best.
+GLUE_4096_SPACE = {"BLOCK_N": [32, 64], "BLOCK_K": [64, 128], "SPLIT_K": [4, 8, 16], "num_warps": [4, 8],
+                   "num_stages": [3, 4], "maxnreg": [None]}
+
+
+def glue_4096_specs() -> list[tuple[str, dict]]:
+    shapes = [{"tokens": 4096, "hidden": hidden} for hidden in (4096, 7168)]
+    return [("mhc_glue_fwd-4096-grid", {"kernel": "mhc_glue_fwd", "shapes": shapes, "arch": "sm_90",
+                                        "space": GLUE_4096_SPACE, "strategy": {"name": "grid"},
+                                        "timing": {"method": "cudagraph"}})]
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -118,6 +131,8 @@ def main() -> None:
         specs = attention_specs()
     elif group == "tma":
         specs = tma_specs(TMA_SPACES)
+    elif group == "glue-4096":
+        specs = glue_4096_specs()
     elif group == "split-glue-tma-bwd":  # the 2026-12-01 follow-up: the split glue forward, TMA backward GEMMs
         specs = [(f"mhc_glue_fwd-{p}", spec("mhc_glue_fwd", p)) for p in ("v4-flash", "v4-pro")]
         specs += tma_specs(TMA_BWD_SPACES, ep8_only=True)
