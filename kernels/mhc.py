@@ -55,6 +55,7 @@ _N_PAD = 32  # the logits padded to a tile width tl.dot accepts
 _GROUPS = ((0, 4), (4, 4), (8, 16))  # (first column, width) of pre, post, comb among the 24 logits
 _BF16_BYTES = 2
 _FP32_BYTES = 4
+_SPLIT_FN_BLOCK = 4096  # fn elements per program of the split (fixed: a 1.5-2.6 MB elementwise pass)
 _S = tl.constexpr(STREAMS)
 _LOGITS = tl.constexpr(_N_LOGITS)
 _LOGITS_PAD = tl.constexpr(_N_PAD)
@@ -253,12 +254,25 @@ def _glue_bwd_kernel(
         tl.store(dgate_partial_ptr + slab * 2 * _LOGITS_PAD + _LOGITS_PAD + logits, dscale)
 
 
-def _split_fn(fn: torch.Tensor) -> torch.Tensor:
+@triton.jit
+def _split_fn_kernel(fn_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    w = tl.load(fn_ptr + offsets, mask=mask, other=0.0)
+    high = w.to(tl.bfloat16)
+    tl.store(out_ptr + offsets, high, mask=mask)
+    tl.store(out_ptr + n + offsets, (w - high.to(tl.float32)).to(tl.bfloat16), mask=mask)
+
+
+def _split_fn(fn: torch.Tensor, compile_only: bool) -> torch.Tensor:
     """``[2, 24, 4D]`` bf16: fn's bf16 rounding, then the bf16 rounding of the remainder (``_dot_split``'s
     split, done once a call rather than in every program: 1.5 MB of fp32 at D 4096, against the
-    forward's 134 MB of h at 4,096 tokens)."""
-    high = fn.to(torch.bfloat16)
-    return torch.stack([high, (fn - high.float()).to(torch.bfloat16)])
+    forward's 134 MB of h at 4,096 tokens). One launch: as five torch ops it took 9 us of device
+    time, a sixth of the whole forward at 4,096 tokens (``bench/glue_launches.py``)."""
+    out = torch.empty((2, *fn.shape), dtype=torch.bfloat16, device=fn.device)
+    launch(_split_fn_kernel, (triton.cdiv(fn.numel(), _SPLIT_FN_BLOCK),), (fn, out, fn.numel()),
+           {"BLOCK": _SPLIT_FN_BLOCK}, {"num_warps": 4}, compile_only)
+    return out
 
 
 def _glue_forward(
@@ -281,7 +295,7 @@ def _glue_forward(
     launch(
         _glue_fwd_kernel,
         (blocks, split),
-        (h, _split_fn(fn), base, scale, pre, post, comb, m, rstd, part, n_tokens, width, eps, k_chunk),
+        (h, _split_fn(fn, compile_only), base, scale, pre, post, comb, m, rstd, part, n_tokens, width, eps, k_chunk),
         {"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split, "UPCAST": interpreted},
         config,
         compile_only,
