@@ -20,14 +20,17 @@ bf16 tensor cores (``_dot_split``): fp32 operands are split into bf16 high and l
 it is. The fp32 projection m and rstd are saved for the backward
 (100 bytes a token, next to 8D bytes of bf16 h).
 
-Glue backward: dh is token-local, but dfn sums over every token. The grid is (token slab,
-4D chunk): each program keeps one chunk of fn and of its dfn accumulator in registers and
-walks the tokens of its slab, recomputing the gate derivatives from the saved m rather than
-reading a precomputed buffer. It writes its fp32 piece of a ``[slabs, 24, 4D]`` partial
-buffer that is summed afterwards, as rmsnorm does for dweight: the summation order is fixed
-for a config (deterministic), and ``SLABS`` bounds the buffer: 16 slabs write 9% of the
-bytes the kernel must move at 4096 tokens x 4096 hidden (2% at 16384), and the sum reads
-them once more. The programs of the first chunk also write per-slab sums for dbase and dscale.
+Glue backward, two launches. A token-local first pass turns the saved m and rstd and the gates'
+gradients into the projection's gradient d_proj (split into bf16 high and low parts, 128 bytes a
+token) and rstd's factor, and writes per-block sums for dbase and dscale. Then dh is token-local,
+but dfn sums over every token: the grid is (token slab, 4D chunk), and each program keeps one
+chunk of fn and of its dfn accumulator in registers and walks the tokens of its slab. Each chunk
+reads d_proj's two bf16 tiles a token; recomputing the gates in every chunk instead read four
+fp32 tiles a token, as many bytes as h's chunk at 16-token steps. It writes its fp32 piece of a
+``[slabs, 24, 4D]`` partial buffer that is summed afterwards, as rmsnorm does for dweight: the
+summation order is fixed for a config (deterministic), and ``SLABS`` bounds the buffer: 16 slabs
+write 9% of the bytes the kernel must move at 4096 tokens x 4096 hidden (2% at 16384), and the
+sum reads them once more.
 
 Collapse and expand: each program takes ``BLOCK_T`` tokens and walks D in ``BLOCK_D`` chunks.
 A stream is a ``[BLOCK_T, BLOCK_D]`` tile, and the four are combined by a static loop in
@@ -55,6 +58,7 @@ _N_PAD = 32  # the logits padded to a tile width tl.dot accepts
 _GROUPS = ((0, 4), (4, 4), (8, 16))  # (first column, width) of pre, post, comb among the 24 logits
 _BF16_BYTES = 2
 _FP32_BYTES = 4
+_BWD_GATES_TOKENS = 64  # tokens per program of the backward's token-local first pass (fixed: it is small)
 _SPLIT_FN_BLOCK = 4096  # fn elements per program of the split (fixed: a 1.5-2.6 MB elementwise pass)
 _S = tl.constexpr(STREAMS)
 _LOGITS = tl.constexpr(_N_LOGITS)
@@ -206,52 +210,76 @@ def _glue_gates_kernel(
 
 
 @triton.jit
+def _glue_bwd_gates_kernel(
+    base_ptr, scale_ptr, m_ptr, rstd_ptr, dpre_ptr, dpost_ptr, dcomb_ptr, dproj_ptr, drstd_ptr, dgate_partial_ptr,
+    n_tokens, width, BLOCK_N: tl.constexpr,
+):
+    """The backward's token-local first pass: from the saved m and rstd and the gates' gradients,
+    the projection's gradient ``d_proj [tokens, 32]`` (stored split into bf16 high and low parts,
+    ``[2, tokens, 32]``) and rstd's factor ``d_rstd [tokens]``, and this token block's sums for
+    dbase and dscale (one ``[2, 32]`` row per block, summed afterwards: deterministic)."""
+    tokens = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    logits = tl.arange(0, _LOGITS_PAD)
+    cols = logits[None, :]
+    base, scale = _gate_params(base_ptr, scale_ptr, logits)
+    m = _load_group(m_ptr, tokens, logits, n_tokens, 0, _LOGITS)
+    grad = (
+        _load_group(dpre_ptr, tokens, logits, n_tokens, 0, 4)
+        + _load_group(dpost_ptr, tokens, logits, n_tokens, 4, 4)
+        + _load_group(dcomb_ptr, tokens, logits, n_tokens, 8, 16)
+    )
+    rstd = tl.load(rstd_ptr + tokens, mask=tokens < n_tokens, other=0.0)
+    gate = tl.sigmoid(m * scale + base)
+    slope = gate * (1.0 - gate)
+    dz = grad * tl.where(cols < 4, slope, tl.where(cols < 8, 2.0 * slope, 1.0))
+    dm = dz * scale
+    # m = (x @ fn.T) * rstd(x): the matmul's gradient, and rstd's along x.
+    d_proj = dm * rstd[:, None]
+    d_rstd = rstd * rstd / width * tl.sum(dm * m, axis=1)
+    high = d_proj.to(tl.bfloat16)
+    offsets, mask = _tile(tokens, logits, n_tokens, _LOGITS_PAD)
+    tl.store(dproj_ptr + offsets, high, mask=mask)
+    tl.store(dproj_ptr + n_tokens * _LOGITS_PAD + offsets, (d_proj - high.to(tl.float32)).to(tl.bfloat16), mask=mask)
+    tl.store(drstd_ptr + tokens, d_rstd, mask=tokens < n_tokens)
+    row = dgate_partial_ptr + tl.program_id(0) * 2 * _LOGITS_PAD
+    tl.store(row + logits, tl.sum(dz, axis=0))
+    tl.store(row + _LOGITS_PAD + logits, tl.sum(dz * m, axis=0))
+
+
+@triton.jit
 def _glue_bwd_kernel(
-    h_ptr, fn_ptr, base_ptr, scale_ptr, m_ptr, rstd_ptr, dpre_ptr, dpost_ptr, dcomb_ptr,
-    dh_ptr, dfn_partial_ptr, dgate_partial_ptr, n_tokens, width, tokens_per_slab,
+    h_ptr, fn_ptr, dproj_ptr, drstd_ptr, dh_ptr, dfn_partial_ptr, n_tokens, width, tokens_per_slab,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
 ):
+    """dh of one 4D chunk over the tokens of one slab, and that slab's dfn for the chunk, from the
+    first pass's split d_proj: two bf16 tiles and one float a token, where recomputing the gates
+    read four fp32 tiles a token for every chunk."""
     slab = tl.program_id(0)
-    first_chunk = tl.program_id(1) == 0
     logits = tl.arange(0, _LOGITS_PAD)
     ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     w_offsets, w_mask = _tile(logits, ks, _LOGITS, width)
     w = tl.load(fn_ptr + w_offsets, mask=w_mask, other=0.0)
-    base, scale = _gate_params(base_ptr, scale_ptr, logits)
-    cols = logits[None, :]
+    w_hi = w.to(tl.bfloat16)
+    w_lo = (w - w_hi.to(tl.float32)).to(tl.bfloat16)
     dfn = tl.zeros([_LOGITS_PAD, BLOCK_K], dtype=tl.float32)
-    dbase = tl.zeros([_LOGITS_PAD], dtype=tl.float32)
-    dscale = tl.zeros([_LOGITS_PAD], dtype=tl.float32)  # per column; summed per group on the host
     first_token = slab * tokens_per_slab
     for t0 in range(first_token, tl.minimum(first_token + tokens_per_slab, n_tokens), BLOCK_N):
         tokens = t0 + tl.arange(0, BLOCK_N)
-        m = _load_group(m_ptr, tokens, logits, n_tokens, 0, _LOGITS)
-        grad = (
-            _load_group(dpre_ptr, tokens, logits, n_tokens, 0, 4)
-            + _load_group(dpost_ptr, tokens, logits, n_tokens, 4, 4)
-            + _load_group(dcomb_ptr, tokens, logits, n_tokens, 8, 16)
-        )
-        rstd = tl.load(rstd_ptr + tokens, mask=tokens < n_tokens, other=0.0)
-        gate = tl.sigmoid(m * scale + base)
-        slope = gate * (1.0 - gate)
-        dz = grad * tl.where(cols < 4, slope, tl.where(cols < 8, 2.0 * slope, 1.0))
-        dm = dz * scale
-        # m = (x @ fn.T) * rstd(x): the matmul's gradient, and rstd's along x.
-        d_proj = dm * rstd[:, None]
-        d_rstd = rstd * rstd / width * tl.sum(dm * m, axis=1)
+        p_offsets, p_mask = _tile(tokens, logits, n_tokens, _LOGITS_PAD)
+        dp_hi = tl.load(dproj_ptr + p_offsets, mask=p_mask, other=0.0)
+        dp_lo = tl.load(dproj_ptr + n_tokens * _LOGITS_PAD + p_offsets, mask=p_mask, other=0.0)
+        d_rstd = tl.load(drstd_ptr + tokens, mask=tokens < n_tokens, other=0.0)
         x_offsets, x_mask = _tile(tokens, ks, n_tokens, width)
         x = tl.load(h_ptr + x_offsets, mask=x_mask, other=0.0)
-        dx = _dot_split(d_proj, w, tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32), UPCAST)
+        # dx = d_proj @ fn at about fp32 accuracy: the three products above the low-by-low one.
+        dx = _mma(dp_hi, w_hi, tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32), UPCAST)
+        dx = _mma(dp_hi, w_lo, dx, UPCAST)
+        dx = _mma(dp_lo, w_hi, dx, UPCAST)
         dx -= d_rstd[:, None] * x.to(tl.float32)
         tl.store(dh_ptr + x_offsets, dx.to(dh_ptr.dtype.element_ty), mask=x_mask)
-        dfn = _dot_split(tl.trans(d_proj), x, dfn, UPCAST)
-        if first_chunk:
-            dbase += tl.sum(dz, axis=0)
-            dscale += tl.sum(dz * m, axis=0)
+        dfn = _dot_split(tl.trans(dp_hi), x, dfn, UPCAST)  # one MMA each for bf16 h, two for fp32
+        dfn = _dot_split(tl.trans(dp_lo), x, dfn, UPCAST)
     tl.store(dfn_partial_ptr + slab.to(tl.int64) * _LOGITS * width + w_offsets, dfn, mask=w_mask)
-    if first_chunk:
-        tl.store(dgate_partial_ptr + slab * 2 * _LOGITS_PAD + logits, dbase)
-        tl.store(dgate_partial_ptr + slab * 2 * _LOGITS_PAD + _LOGITS_PAD + logits, dscale)
 
 
 @triton.jit
@@ -325,12 +353,22 @@ def _glue_backward(
     slabs = triton.cdiv(n_tokens, tokens_per_slab)
     dh = torch.empty_like(h)
     dfn_partial = torch.empty(slabs, _N_LOGITS, width, dtype=torch.float32, device=h.device)
-    dgate_partial = torch.empty(slabs, 2, _N_PAD, dtype=torch.float32, device=h.device)
+    dproj = torch.empty(2, n_tokens, _N_PAD, dtype=torch.bfloat16, device=h.device)
+    drstd = torch.empty(n_tokens, dtype=torch.float32, device=h.device)
+    gate_blocks = triton.cdiv(n_tokens, _BWD_GATES_TOKENS)
+    dgate_partial = torch.empty(gate_blocks, 2, _N_PAD, dtype=torch.float32, device=h.device)
+    launch(
+        _glue_bwd_gates_kernel,
+        (gate_blocks,),
+        (base, scale, m, rstd, dpre, dpost, dcomb, dproj, drstd, dgate_partial, n_tokens, width),
+        {"BLOCK_N": _BWD_GATES_TOKENS},
+        {"num_warps": 4},
+        compile_only,
+    )
     launch(
         _glue_bwd_kernel,
         (slabs, triton.cdiv(width, config["BLOCK_K"])),
-        (h, fn, base, scale, m, rstd, dpre, dpost, dcomb, dh, dfn_partial, dgate_partial, n_tokens, width,
-         tokens_per_slab),
+        (h, fn, dproj, drstd, dh, dfn_partial, n_tokens, width, tokens_per_slab),
         {"BLOCK_N": block_n, "BLOCK_K": config["BLOCK_K"], "UPCAST": current_arch() == INTERPRETER_ARCH},
         config,
         compile_only,
