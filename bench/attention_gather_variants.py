@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels import sparse_attention as sa
-from kernels.sparse_attention import _entry_count, _head_offsets, _D, _LOG2E_C, _LN2_C, _CSA
+from kernels.sparse_attention import _D, _LN2_C, _LOG2E_C, _attend_tile, _entry_count, _head_offsets
 
 @triton.jit
 def fwd_unmasked(q_ptr, table_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, S, H, SC, TOPK, WINDOW, kv_rows, qk_scale,
@@ -45,14 +45,7 @@ def fwd_unmasked(q_ptr, table_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr, S, H, SC, 
         row = tl.where(in_win, (b * S + s + 1 - n_win + pos).to(tl.int64), kv_rows + (b * SC + t).to(tl.int64))
         valid = (in_win | (t >= 0)) & (pos < n_pos)
         e = tl.load(table_ptr + tl.where(valid, row, 0)[:, None] * _D + tl.arange(0, _D)[None, :])
-        logits = tl.dot(q, tl.trans(e)) * qk_scale
-        logits = tl.where(valid[None, :], logits, float("-inf"))
-        m_new = tl.maximum(m, tl.max(logits, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(logits - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(tl.bfloat16), e, acc * alpha[:, None])
-        m = m_new
+        m, denom, acc = _attend_tile(q, e, valid, m, denom, acc, qk_scale)
     tl.store(o_ptr + offsets, (acc / denom[:, None]).to(o_ptr.dtype.element_ty))
     tl.store(lse_ptr + (b * S + s).to(tl.int64) * H + heads, (m + tl.log2(denom)) * _LN2_C)
 

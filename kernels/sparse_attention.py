@@ -150,6 +150,20 @@ def _gather_entries(kv_ptr, kvc_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv
 
 
 @triton.jit
+def _attend_tile(q, e, valid, m, denom, acc, qk_scale):
+    """One entry tile ``e`` (rows ``valid``) of the forward's online softmax: the new log2-domain
+    running max, denominator and ``[BLOCK_H, 512]`` fp32 accumulator of the block's heads."""
+    logits = tl.dot(q, tl.trans(e)) * qk_scale
+    logits = tl.where(valid[None, :], logits, float("-inf"))
+    m_new = tl.maximum(m, tl.max(logits, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(logits - m_new[:, None])
+    denom = denom * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(tl.bfloat16).to(e.dtype), e, acc * alpha[:, None])
+    return m_new, denom, acc
+
+
+@triton.jit
 def _head_offsets(b, s, S, H, heads):
     """Offsets of the ``[BLOCK_H, 512]`` rows of heads ``heads`` of query (b, s) in a ``[B, S, H, 512]`` tensor."""
     return ((b * S + s).to(tl.int64) * H + heads)[:, None] * _D + tl.arange(0, _D)[None, :]
@@ -185,14 +199,7 @@ def _sparse_attn_fwd_kernel(
     for p0 in range(0, n_pos, TILE_K):
         e, valid, _ = _gather_entries(kv_ptr, kvc_ptr, idx_ptr, p0 + tl.arange(0, TILE_K), s, b, S, SC, TOPK,
                                       WINDOW, 0, n_pos, RATIO, UPCAST)
-        logits = tl.dot(q, tl.trans(e)) * qk_scale
-        logits = tl.where(valid[None, :], logits, float("-inf"))
-        m_new = tl.maximum(m, tl.max(logits, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(logits - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(tl.bfloat16).to(e.dtype), e, acc * alpha[:, None])
-        m = m_new
+        m, denom, acc = _attend_tile(q, e, valid, m, denom, acc, qk_scale)
     tl.store(o_ptr + offsets, (acc / denom[:, None]).to(o_ptr.dtype.element_ty), mask=h_mask[:, None])
     tl.store(lse_ptr + (b * S + s).to(tl.int64) * H + heads, (m + tl.log2(denom)) * _LN2_C, mask=h_mask)
 
