@@ -86,6 +86,20 @@ def test_glue_forward_and_gradients_match_eager(lead, hidden, dtype):
         _close(grad, ref, atol=1e-4 * lead[-1], rtol=1e-4)
 
 
+def test_fn_split_is_its_bf16_rounding_and_the_remainder():
+    """The glue forward's one-launch split of fn: a high part within a bf16 step of fn and a low
+    part that brings the pair within 2^-15 (the interpreter truncates where the GPU rounds), over
+    an element count (24 x 4000) that is not a multiple of the launch's block."""
+    gen = torch.Generator().manual_seed(5)
+    fn = (torch.randn(24, 4000, generator=gen) * torch.logspace(-3, 3, 4000)).to(DEVICE)
+    parts = mhc._split_fn(fn, compile_only=False)
+    assert parts.shape == (2, 24, 4000) and parts.dtype == torch.bfloat16
+    high, low = parts.float()
+    assert bool(((high - fn).abs() <= fn.abs() * 2**-7).all())
+    assert bool(((high + low - fn).abs() <= fn.abs() * 2**-15).all())
+    assert bool((low.abs() <= fn.abs() * 2**-7).all())
+
+
 def _streams_problem(lead: tuple[int, ...], hidden: int, dtype: torch.dtype, seed: int = 2):
     gen = torch.Generator().manual_seed(seed)
     h = torch.randn(*lead, 4, hidden, generator=gen).to(DEVICE, dtype)
