@@ -71,6 +71,13 @@ _LOGITS_PAD = tl.constexpr(_N_PAD)
 
 
 @triton.jit
+def _bf16_low(x, high):
+    """The bf16 rounding of what ``high`` (x's bf16 rounding) leaves of fp32 ``x``: high + low is
+    within 2^-18 of x relative (2^-16 on the interpreter, which truncates)."""
+    return (x - high.to(tl.float32)).to(tl.bfloat16)
+
+
+@triton.jit
 def _dot_split(a, b, acc, UPCAST: tl.constexpr):
     """``acc + a @ b`` at about fp32 accuracy from bf16 products.
 
@@ -83,9 +90,9 @@ def _dot_split(a, b, acc, UPCAST: tl.constexpr):
     b_hi = b.to(tl.bfloat16)
     acc = _mma(a_hi, b_hi, acc, UPCAST)
     if b.dtype != tl.bfloat16:
-        acc = _mma(a_hi, (b - b_hi.to(tl.float32)).to(tl.bfloat16), acc, UPCAST)
+        acc = _mma(a_hi, _bf16_low(b, b_hi), acc, UPCAST)
     if a.dtype != tl.bfloat16:
-        acc = _mma((a - a_hi.to(tl.float32)).to(tl.bfloat16), b_hi, acc, UPCAST)
+        acc = _mma(_bf16_low(a, a_hi), b_hi, acc, UPCAST)
     return acc
 
 
@@ -239,7 +246,7 @@ def _glue_bwd_gates_kernel(
     high = d_proj.to(tl.bfloat16)
     offsets, mask = _tile(tokens, logits, n_tokens, _LOGITS_PAD)
     tl.store(dproj_ptr + offsets, high, mask=mask)
-    tl.store(dproj_ptr + n_tokens * _LOGITS_PAD + offsets, (d_proj - high.to(tl.float32)).to(tl.bfloat16), mask=mask)
+    tl.store(dproj_ptr + n_tokens * _LOGITS_PAD + offsets, _bf16_low(d_proj, high), mask=mask)
     tl.store(drstd_ptr + tokens, d_rstd, mask=tokens < n_tokens)
     row = dgate_partial_ptr + tl.program_id(0) * 2 * _LOGITS_PAD
     tl.store(row + logits, tl.sum(dz, axis=0))
@@ -260,7 +267,7 @@ def _glue_bwd_kernel(
     w_offsets, w_mask = _tile(logits, ks, _LOGITS, width)
     w = tl.load(fn_ptr + w_offsets, mask=w_mask, other=0.0)
     w_hi = w.to(tl.bfloat16)
-    w_lo = (w - w_hi.to(tl.float32)).to(tl.bfloat16)
+    w_lo = _bf16_low(w, w_hi)
     dfn = tl.zeros([_LOGITS_PAD, BLOCK_K], dtype=tl.float32)
     first_token = slab * tokens_per_slab
     for t0 in range(first_token, tl.minimum(first_token + tokens_per_slab, n_tokens), BLOCK_N):
@@ -289,7 +296,7 @@ def _split_fn_kernel(fn_ptr, out_ptr, n, BLOCK: tl.constexpr):
     w = tl.load(fn_ptr + offsets, mask=mask, other=0.0)
     high = w.to(tl.bfloat16)
     tl.store(out_ptr + offsets, high, mask=mask)
-    tl.store(out_ptr + n + offsets, (w - high.to(tl.float32)).to(tl.bfloat16), mask=mask)
+    tl.store(out_ptr + n + offsets, _bf16_low(w, high), mask=mask)
 
 
 def _split_fn(fn: torch.Tensor, compile_only: bool) -> torch.Tensor:
