@@ -66,6 +66,12 @@ class LayerCost:
             raise ValueError(f"expert params are part of the layer's params, got {self}")
 
     @property
+    def freed_bytes(self) -> int:
+        """What recomputing this layer frees per in-flight microbatch, and re-materialises while its
+        backward runs: ``activation_bytes - recompute_kept_bytes``."""
+        return self.activation_bytes - self.recompute_kept_bytes
+
+    @property
     def recompute_cost_ms(self) -> float:
         """Time recomputing this layer adds to its stage's backward."""
         return self.forward_ms if self.recompute_ms is None else self.recompute_ms
@@ -263,7 +269,7 @@ class MemoryModel:
         0 for none (or with ``recompute_workspace`` off). See the module doc for why."""
         if not self.recompute_workspace:
             return 0.0
-        return float(max((l.activation_bytes - l.recompute_kept_bytes for l in recomputed), default=0))
+        return float(max((l.freed_bytes for l in recomputed), default=0))
 
     def activation_bytes(self, peaks: Sequence[Sequence[int]], per_stage: Sequence[float],
                          workspace: float = 0.0) -> float:

@@ -118,7 +118,7 @@ class _Frontiers:
         self.keep = [math.ceil(l.activation_bytes / granularity) for l in layers]
         self.rec = [math.ceil(l.recompute_kept_bytes / granularity) for l in layers]
         self.cost = [l.recompute_cost_ms for l in layers]
-        self.allowed = [l.activation_bytes - l.recompute_kept_bytes <= limit for l in layers]
+        self.allowed = [l.freed_bytes <= limit for l in layers]
         self._lists: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 
     def get(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -171,7 +171,7 @@ class _Prepared:
         self.B = np.concatenate([[0.0], np.cumsum([l.backward_ms for l in layers])]).tolist()
         self.P = [0] + np.cumsum([l.param_count for l in layers], dtype=np.int64).tolist()
         self.X = [0] + np.cumsum([l.expert_param_count for l in layers], dtype=np.int64).tolist()
-        self.freed = [l.activation_bytes - l.recompute_kept_bytes for l in layers]
+        self.freed = [l.freed_bytes for l in layers]
         self._frontiers = {math.inf: _Frontiers(layers, granularity)}
         C = self.C
         self.extra_f = [(c == 0) * e.embedding_forward_ms + (c == C - 1) * e.head_forward_ms + model.busy_ms(c)
@@ -217,9 +217,8 @@ class _Prepared:
             mem.activation_factor)
         self.tail_per_ms = per_ms(lambda l: model.tail_ms(l.param_count, l.expert_param_count))
         self.rest_params = [sum(self.extra_params[c] for c in range(k, C)) for k in range(C + 1)]
-        self.freed_per_ms = max((math.inf if l.recompute_cost_ms == 0 else
-                                 (l.activation_bytes - l.recompute_kept_bytes) / l.recompute_cost_ms
-                                 for l in layers if l.activation_bytes > l.recompute_kept_bytes), default=0.0)
+        self.freed_per_ms = max((math.inf if l.recompute_cost_ms == 0 else l.freed_bytes / l.recompute_cost_ms
+                                 for l in layers if l.freed_bytes > 0), default=0.0)
         # search state: chunk ranges and times, per-stage least recompute (dlb), per-rank totals
         self.a, self.b = [0] * C, [0] * C
         self.f, self.bw, self.dlb = [0.0] * C, [0.0] * C, [0.0] * C
