@@ -1,78 +1,214 @@
-"""Registers, spills and shared memory of the compiled Triton kernels behind registered launches.
+"""Registers, spills, shared memory and MMA instructions of the compiled Triton kernels behind registered launches.
 
 The benchmark write-ups name what bounds a kernel; this script reads it from the compiler instead
 of guessing: for each launch and preset shape asked, it runs the heuristic default and the table's
-config once and records, for every Triton kernel those runs launched, ``n_regs`` (per thread),
-``n_spills``, shared memory bytes and ``num_warps``, plus what that allows per SM (65,536
-registers, the device's shared memory per SM).
+config once (or the configs of ``--configs``) and records, for every Triton kernel those runs
+launched, registers per thread, spilled bytes, shared memory, ``num_warps``, what that allows per SM
+(65,536 registers, the device's shared memory per SM), and how many warpgroup MMAs (``HGMMA``,
+Hopper's wgmma) and warp-level MMAs (``HMMA``, mma.sync) its SASS holds.
 
-Usage (on a GPU): python bench/kernel_resources.py TABLE_JSON OUT_JSON KERNEL,KERNEL,... [PRESET,...]
+On a machine without a GPU it compiles for ``--offline-arch`` (sm_90) instead of launching: Triton's
+JIT specialises and compiles exactly as for a launch, and the registers and spills come from the
+cubin's resource table (``cuobjdump``). With the Triton version of the GPU image, these equal what
+the GPU reports (``bench/results/2026-12-01-cpu-offline-resources/agreement.md``).
+
+Usage: python bench/kernel_resources.py TABLE_JSON OUT_JSON KERNEL,KERNEL,... [PRESET,...]
+           [--configs CONFIGS_JSON] [--only SHAPE_TEXT] [--offline-arch sm_90]
+CONFIGS_JSON maps a variant name to a config (merged over the default), e.g. '{"wide": {"BLOCK_N": 64}}'.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+import re
+import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+import triton
 from triton.runtime.jit import JITFunction
 
-from kernels import registry
-
 REGISTERS_PER_SM = 65536
+SM90_SHARED_PER_SM = 233472  # what an H200 reports (shared_memory_per_multiprocessor)
+_CUDA_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 _launched: list[Any] = []
 
 
-def _recording_run(original):
-    """``JITFunction.run`` that also keeps the compiled kernel of each launch."""
-    def run(self, *args, **kwargs):
-        compiled = original(self, *args, **kwargs)
+def _recording_run(original, compile_only: bool):
+    """``JITFunction.run`` that also keeps the compiled kernel of each launch (only compiling it offline)."""
+    def run(self, *args, grid, warmup, **kwargs):
+        compiled = original(self, *args, grid=grid, warmup=warmup or compile_only, **kwargs)
         _launched.append((self.fn.__name__, compiled))
         return compiled
     return run
 
 
-def _resources(compiled: Any, smem_per_sm: int) -> dict[str, Any]:
-    compiled._init_handles()
+class _OfflineDriver:
+    """The little of Triton's driver that its JIT needs to compile (not launch) for a GPU it does not have."""
+
+    def __init__(self, arch: str) -> None:
+        from triton.backends.compiler import GPUTarget
+        self.target = GPUTarget("cuda", int(arch.removeprefix("sm_")), 32)
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+
+def _cuobjdump(cubin: bytes, *flags: str) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([str(_CUDA_BIN / "cuobjdump"), *flags, f.name], capture_output=True,
+                              text=True, check=True).stdout
+
+
+def _mma_counts(cubin: bytes) -> dict[str, int]:
+    sass = _cuobjdump(cubin, "-sass")
+    return {"hgmma": len(re.findall(r"\bHGMMA\.", sass)), "hmma": len(re.findall(r"\bHMMA\.", sass))}
+
+
+def _registers_and_spills(compiled: Any, offline: bool) -> tuple[int, int]:
+    """Registers per thread and spilled bytes per thread (Triton's ``n_spills`` counts 4-byte words)."""
+    if not offline:
+        compiled._init_handles()
+        return compiled.n_regs, compiled.n_spills * 4
+    usage = _cuobjdump(compiled.asm["cubin"], "--dump-resource-usage")
+    fields = dict(re.findall(r"(REG|STACK):(\d+)", usage))
+    return int(fields["REG"]), int(fields["STACK"])
+
+
+def _resources(compiled: Any, smem_per_sm: int, offline: bool) -> dict[str, Any]:
+    regs, spilled = _registers_and_spills(compiled, offline)
     warps = compiled.metadata.num_warps
     shared = compiled.metadata.shared
-    by_regs = REGISTERS_PER_SM // max(1, compiled.n_regs * warps * 32)
+    by_regs = REGISTERS_PER_SM // max(1, regs * warps * 32)
     by_smem = smem_per_sm // shared if shared else None
-    return {"n_regs": compiled.n_regs, "n_spills": compiled.n_spills, "shared_bytes": shared,
+    return {"n_regs": regs, "spilled_bytes": spilled, "shared_bytes": shared,
             "num_warps": warps, "num_stages": compiled.metadata.num_stages,
-            "programs_per_sm": min(by_regs, by_smem) if by_smem is not None else by_regs}
+            "programs_per_sm": min(by_regs, by_smem) if by_smem is not None else by_regs,
+            **_mma_counts(compiled.asm["cubin"])}
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("table", type=Path, help="tuned table (or, with --agree-with, unused)")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("kernels", nargs="?", default="")
+    parser.add_argument("presets", nargs="?", default="v4-flash")
+    parser.add_argument("--configs", default=None, help="JSON: variant name -> config over the default")
+    parser.add_argument("--only", default="", help="only the shapes whose key contains this text")
+    parser.add_argument("--offline-arch", default=None, help="compile for this arch without a GPU (sm_90)")
+    parser.add_argument("--agree-with", type=Path, default=None,
+                        help="a GPU run's OUT_JSON: compile each of its rows offline and compare")
+    return parser.parse_args()
+
+
+def _use_offline_arch(arch: str) -> None:
+    """Make the JIT compile for ``arch`` and the kernels believe they run there (before they import)."""
+    import kernels.arch
+    from triton.runtime.driver import driver
+    driver.set_active(_OfflineDriver(arch))
+    kernels.arch.current_arch = lambda: arch
+
+
+def _measure(kernel: Any, inputs: Any, config: dict[str, Any], smem_per_sm: int, offline: bool) -> dict[str, Any]:
+    """Resources of every Triton kernel that one run of ``kernel`` with ``config`` launches."""
+    _launched.clear()
+    kernel.run(inputs, config)
+    if not offline:
+        torch.cuda.synchronize()
+    return {fn: _resources(c, smem_per_sm, offline) for fn, c in _launched}
+
+
+def _agreement(gpu_json: Path, out: Path, smem_per_sm: int) -> None:
+    """Offline resources of each row a GPU run measured, beside what the GPU reported."""
+    from kernels import registry
+    gpu_rows = json.loads(gpu_json.read_text())["rows"]
+    rows, inputs_of = [], {}
+    for row in gpu_rows:
+        kernel = registry.get(row["kernel"])
+        shape = next(s for p in kernel.presets.values() for s in p if kernel.shape_key(s) == row["shape"])
+        if (row["kernel"], row["shape"]) not in inputs_of:
+            inputs_of.clear()
+            inputs_of[(row["kernel"], row["shape"])] = kernel.make_inputs(shape, torch.device("cpu"), 3)
+        offline = _measure(kernel, inputs_of[(row["kernel"], row["shape"])], row["config"], smem_per_sm, True)
+        for fn, gpu in row["triton_kernels"].items():
+            mine = offline.get(fn, {})
+            same = (mine.get("n_regs"), mine.get("spilled_bytes"), mine.get("shared_bytes")) == (
+                gpu["n_regs"], gpu["n_spills"] * 4, gpu["shared_bytes"])
+            rows.append({"kernel": row["kernel"], "shape": row["shape"], "variant": row["variant"],
+                         "triton_kernel": fn, "gpu": gpu, "offline": mine, "agree": same})
+            print(row["kernel"], row["shape"], row["variant"], fn, "agree" if same else f"DIFFER {gpu} {mine}",
+                  flush=True)
+        out.write_text(json.dumps({"triton": triton.__version__, "rows": rows}, indent=1))
+    out.with_suffix(".md").write_text(agreement_table(rows))
+
+
+def agreement_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: per kernel, how many compiled kernels agree on (registers, spilled bytes, shared
+    memory) with the GPU, and the GPU and offline values where they do not."""
+    lines = ["| launch | compiled kernels | agree | where they differ (GPU / offline) |", "|---|---|---|---|"]
+    for name in dict.fromkeys(r["kernel"] for r in rows):
+        mine = [r for r in rows if r["kernel"] == name]
+        differ = sorted({f"{r['triton_kernel']}: regs {r['gpu']['n_regs']} / {r['offline'].get('n_regs')}, "
+                         f"spilled {r['gpu']['n_spills'] * 4} / {r['offline'].get('spilled_bytes')} B, "
+                         f"shared {r['gpu']['shared_bytes']} / {r['offline'].get('shared_bytes')} B"
+                         for r in mine if not r["agree"]})
+        lines.append(f"| {name} | {len(mine)} | {sum(r['agree'] for r in mine)} | {'; '.join(differ)} |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    table = json.loads(Path(sys.argv[1]).read_text())
-    out = Path(sys.argv[2])
-    names = sys.argv[3].split(",")
-    presets = sys.argv[4].split(",") if len(sys.argv) > 4 else ["v4-flash"]
-    smem_per_sm = torch.cuda.get_device_properties(0).shared_memory_per_multiprocessor
-    JITFunction.run = _recording_run(JITFunction.run)
+    args = _parse_args()
+    offline = args.offline_arch is not None
+    if offline:
+        _use_offline_arch(args.offline_arch)
+        device, smem_per_sm = torch.device("cpu"), SM90_SHARED_PER_SM
+    else:
+        device = torch.device("cuda")
+        smem_per_sm = torch.cuda.get_device_properties(0).shared_memory_per_multiprocessor
+    JITFunction.run = _recording_run(JITFunction.run, offline)
+    if args.agree_with is not None:
+        _agreement(args.agree_with, args.out, smem_per_sm)
+        return
+    from kernels import registry
+
+    table = json.loads(args.table.read_text())
+    overrides = json.loads(args.configs) if args.configs else None
     rows = []
-    for name in names:
+    for name in args.kernels.split(","):
         kernel = registry.get(name)
-        shapes = {kernel.shape_key(s): s for p in presets for s in kernel.presets.get(p, [])}
+        shapes = {kernel.shape_key(s): s for p in args.presets.split(",") for s in kernel.presets.get(p, [])
+                  if args.only in kernel.shape_key(s)}
         for key, shape in shapes.items():
-            inputs = kernel.make_inputs(shape, torch.device("cuda"), 3)
-            configs = {"default": kernel.default_config(shape)}
-            tuned = table["entries"].get(name, {}).get(key, {}).get("config")
-            if tuned is not None:
-                configs["tuned"] = tuned
+            inputs = kernel.make_inputs(shape, device, 3)
+            default = kernel.default_config(shape)
+            if overrides is None:
+                configs = {"default": default}
+                tuned = table["entries"].get(name, {}).get(key, {}).get("config")
+                if tuned is not None:
+                    configs["tuned"] = tuned
+            else:
+                configs = {variant: {**default, **config} for variant, config in overrides.items()}
             for variant, config in configs.items():
-                _launched.clear()
-                kernel.run(inputs, config)
-                torch.cuda.synchronize()
-                launched = {fn: _resources(c, smem_per_sm) for fn, c in _launched}
+                launched = _measure(kernel, inputs, config, smem_per_sm, offline)
                 rows.append({"kernel": name, "shape": key, "variant": variant, "config": config,
                              "triton_kernels": launched})
                 print(name, key, variant, json.dumps(launched), flush=True)
             del inputs
-            torch.cuda.empty_cache()
-            out.write_text(json.dumps({"smem_per_sm": smem_per_sm, "rows": rows}, indent=1))
+            if not offline:
+                torch.cuda.empty_cache()
+            args.out.write_text(json.dumps({"smem_per_sm": smem_per_sm, "triton": triton.__version__,
+                                            "offline_arch": args.offline_arch, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
