@@ -15,7 +15,7 @@ same shapes, swept once.
 Every sweep measures the kernel's heuristic default first (the runner enqueues it).
 
 Usage: python bench/sweep_specs.py OUT_DIR [GROUP]  (gemm, memory, attention, tma,
-split-glue-tma-bwd or glue-4096; default gemm and memory)
+split-glue-tma-bwd, glue-4096 or attention-bwd-transposed; default gemm and memory)
 """
 
 from __future__ import annotations
@@ -123,6 +123,21 @@ def glue_4096_specs() -> list[tuple[str, dict]]:
                                         "timing": {"method": "cudagraph"}})]
 
 
+# The sparse-attention backward with its entry gradient transposed (wgmma at any head count; 64-head
+# blocks fit): a grid against the form it replaces, atomics, one pass, at the six sequence-4,096 shapes.
+ATTENTION_BWD_TRANSPOSED_SPACE = {"BLOCK_H": [32, 64], "TILE_K": [16, 32], "DE_TRANSPOSED": [0, 1],
+                                  "num_warps": [8], "num_stages": [1, 2], "DKV_MODE": ["atomic"], "R_CHUNK": [0],
+                                  "maxnreg": [None]}
+
+
+def attention_bwd_transposed_specs() -> list[tuple[str, dict]]:
+    shapes = [s for p in ("v4-flash", "v4-pro") for s in registry.get("sparse_attn_bwd").presets[p]
+              if s["seq"] == 4096]
+    return [("sparse_attn_bwd-transposed-grid", {"kernel": "sparse_attn_bwd", "shapes": shapes, "arch": "sm_90",
+                                                 "space": ATTENTION_BWD_TRANSPOSED_SPACE,
+                                                 "strategy": {"name": "grid"}})]
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -133,6 +148,8 @@ def main() -> None:
         specs = tma_specs(TMA_SPACES)
     elif group == "glue-4096":
         specs = glue_4096_specs()
+    elif group == "attention-bwd-transposed":
+        specs = attention_bwd_transposed_specs()
     elif group == "split-glue-tma-bwd":  # the 2026-12-01 follow-up: the split glue forward, TMA backward GEMMs
         specs = [(f"mhc_glue_fwd-{p}", spec("mhc_glue_fwd", p)) for p in ("v4-flash", "v4-pro")]
         specs += tma_specs(TMA_BWD_SPACES, ep8_only=True)

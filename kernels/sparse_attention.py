@@ -210,12 +210,14 @@ def _sparse_attn_bwd_kernel(
     dq_ptr, dsink_ptr, dkv_ptr, dest_ptr,
     S, H, SC, TOPK, WINDOW, kv_rows, qk_scale, sm_scale, p_begin, p_end,
     RATIO: tl.constexpr, BLOCK_H: tl.constexpr, TILE_K: tl.constexpr, SPLIT: tl.constexpr,
-    FIRST: tl.constexpr, ACC_DQ: tl.constexpr, UPCAST: tl.constexpr,
+    FIRST: tl.constexpr, ACC_DQ: tl.constexpr, DE_TRANSPOSED: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """dq (+ partial dsink on the FIRST pass) of one (query, head block) over entry positions
     [p_begin, p_end), and the entry gradients of those positions: atomically added to ``dkv_ptr``
     (fp32 rows: kv rows, then compressed rows), or with SPLIT stored as bf16 slots of ``dkv_ptr``
     (one ``[B, S, p_end - p_begin]`` block per head block) with their destination rows in ``dest_ptr``.
+    DE_TRANSPOSED computes each tile's entry gradient as its ``[512, TILE_K]`` transpose: the same
+    sums, but as dots whose M is 512 rather than TILE_K, which sm_90 runs as wgmma (M >= 64).
     """
     s = tl.program_id(0)
     hb = tl.program_id(1)
@@ -239,6 +241,7 @@ def _sparse_attn_bwd_kernel(
     slot_base = (b * S + s).to(tl.int64) * chunk - p_begin
     n_slots = tl.num_programs(2) * S * chunk
     cols = tl.arange(0, _D)[None, :]
+    cols_t = tl.arange(0, _D)[:, None]
     dq = tl.zeros([BLOCK_H, _D], dtype=tl.float32)
     n_pos = tl.minimum(p_end, _entry_count(s, TOPK, WINDOW, RATIO))
     for p0 in range(p_begin, n_pos, TILE_K):
@@ -248,17 +251,27 @@ def _sparse_attn_bwd_kernel(
         p = tl.where(valid[None, :], tl.exp2(tl.dot(q, tl.trans(e)) * qk_scale - lse2[:, None]), 0.0)
         ds = p * (tl.dot(do, tl.trans(e)) - delta[:, None])
         dq = tl.dot(ds.to(tl.bfloat16).to(e.dtype), e, dq)
-        de = tl.dot(tl.trans((ds * sm_scale).to(tl.bfloat16).to(e.dtype)), q)
-        de = tl.dot(tl.trans(p.to(tl.bfloat16).to(e.dtype)), do, de)
-        if SPLIT:
-            slots = slot_base + pos
-            in_chunk = pos < p_end
-            tl.store(dkv_ptr + (hb * n_slots + slots)[:, None] * _D + cols, de.to(dkv_ptr.dtype.element_ty),
-                     mask=in_chunk[:, None])
-            if hb == 0:
-                tl.store(dest_ptr + slots, dest.to(tl.int32), mask=in_chunk)
+        ds_b = (ds * sm_scale).to(tl.bfloat16).to(e.dtype)
+        p_b = p.to(tl.bfloat16).to(e.dtype)
+        slots = slot_base + pos
+        in_chunk = pos < p_end
+        if DE_TRANSPOSED:
+            # [512, TILE_K]: M is the latent width, so the dots are warpgroup MMAs however few the heads.
+            de_t = tl.dot(tl.trans(do), p_b, tl.dot(tl.trans(q), ds_b))
+            if SPLIT:
+                tl.store(dkv_ptr + (hb * n_slots + slots)[None, :] * _D + cols_t,
+                         de_t.to(dkv_ptr.dtype.element_ty), mask=in_chunk[None, :])
+            else:
+                tl.atomic_add(dkv_ptr + dest[None, :] * _D + cols_t, de_t, mask=valid[None, :], sem="relaxed")
         else:
-            tl.atomic_add(dkv_ptr + dest[:, None] * _D + cols, de, mask=valid[:, None], sem="relaxed")
+            de = tl.dot(tl.trans(p_b), do, tl.dot(tl.trans(ds_b), q))
+            if SPLIT:
+                tl.store(dkv_ptr + (hb * n_slots + slots)[:, None] * _D + cols, de.to(dkv_ptr.dtype.element_ty),
+                         mask=in_chunk[:, None])
+            else:
+                tl.atomic_add(dkv_ptr + dest[:, None] * _D + cols, de, mask=valid[:, None], sem="relaxed")
+        if SPLIT and hb == 0:
+            tl.store(dest_ptr + slots, dest.to(tl.int32), mask=in_chunk)
     dq = dq * sm_scale
     if ACC_DQ:
         dq += tl.load(dq_ptr + offsets, mask=h_mask[:, None], other=0.0)
@@ -354,7 +367,8 @@ def _backward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None,
              seq, heads, n_comp, topk, window, kv_rows, SOFTMAX_SCALE * _LOG2E, SOFTMAX_SCALE,
              p_begin, p_begin + chunk),
             {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "SPLIT": split,
-             "FIRST": p_begin == 0, "ACC_DQ": p_begin > 0, "UPCAST": _interpreted()},
+             "FIRST": p_begin == 0, "ACC_DQ": p_begin > 0, "DE_TRANSPOSED": bool(config.get("DE_TRANSPOSED")),
+             "UPCAST": _interpreted()},
             config,
             compile_only,
         )
@@ -692,7 +706,7 @@ def _default_bwd_config(shape: Shape) -> Config:
     """32 heads and 16 entries a program on eight warps (255 registers, no spills on sm_90), atomics."""
     block_h = 32 if shape["heads"] > 16 else 16
     return {"BLOCK_H": block_h, "TILE_K": 16, "num_warps": 8 if block_h == 32 else 4, "num_stages": 1,
-            "DKV_MODE": "atomic", "R_CHUNK": 0}
+            "DKV_MODE": "atomic", "R_CHUNK": 0, "DE_TRANSPOSED": 0}
 
 
 _SHAPE_FIELDS = ("batch", "seq", "heads", "ratio", "topk", "window")

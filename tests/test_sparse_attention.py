@@ -92,14 +92,21 @@ FWD_CONFIGS = [
     {"BLOCK_H": 32, "TILE_K": 32, "num_warps": 8, "num_stages": 2},  # the CSA preset only
 ]
 BWD_CONFIGS = [
-    {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split", "R_CHUNK": 0},
-    {"BLOCK_H": 32, "TILE_K": 32, "num_warps": 8, "num_stages": 2, "DKV_MODE": "atomic", "R_CHUNK": 0},
+    {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split", "R_CHUNK": 0,
+     "DE_TRANSPOSED": 0},
+    {"BLOCK_H": 32, "TILE_K": 32, "num_warps": 8, "num_stages": 2, "DKV_MODE": "atomic", "R_CHUNK": 0,
+     "DE_TRANSPOSED": 0},
+    {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split", "R_CHUNK": 0,
+     "DE_TRANSPOSED": 1},
+    {"BLOCK_H": 16, "TILE_K": 32, "num_warps": 4, "num_stages": 1, "DKV_MODE": "atomic", "R_CHUNK": 0,
+     "DE_TRANSPOSED": 1},
 ]
 
 
 @pytest.mark.parametrize(("name", "config"), [("sparse_attn_fwd", c) for c in FWD_CONFIGS]
-                         + [("sparse_attn_bwd", c) for c in BWD_CONFIGS], ids=["fwd-16", "fwd-32", "split-16",
-                                                                               "atomic-32"])
+                         + [("sparse_attn_bwd", c) for c in BWD_CONFIGS],
+                         ids=["fwd-16", "fwd-32", "split-16", "atomic-32", "split-16-transposed",
+                              "atomic-32-transposed"])
 def test_tuned_configs_match_reference(name, config):
     assert_config_matches_reference(registry.get(name), config, seed=3)
 
@@ -183,12 +190,16 @@ def test_space_prunes_what_sm_90_cannot_hold():
     assert fwd.violation({"BLOCK_H": 64, "TILE_K": 32, "num_warps": 8, "num_stages": 2}, shape, "sm_90") is None
     assert "max_regs_per_thread" in fwd.violation({"BLOCK_H": 64, "TILE_K": 32, "num_warps": 4, "num_stages": 2},
                                                   shape, "sm_90")
-    split = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split"}
+    split = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split", "DE_TRANSPOSED": 0}
     assert bwd.violation({**split, "R_CHUNK": 256}, shape, "sm_90") is None
     assert bwd.violation({**split, "DKV_MODE": "atomic", "R_CHUNK": 256}, shape, "sm_90")  # atomics: one pass
     assert bwd.violation({**split, "R_CHUNK": 512}, shape, "sm_90") is None  # 640 positions
     # 64-entry tiles beside 32 heads: 256 KiB of staged operands and 192 fp32 values a thread
     assert bwd.violation({**split, "TILE_K": 64, "BLOCK_H": 32, "num_warps": 8, "R_CHUNK": 0}, shape, "sm_90")
+    # 64 heads: 288 KiB as is, 145 KiB with the entry gradient transposed (Q and dO staged once)
+    wide = {**split, "BLOCK_H": 64, "num_warps": 8, "R_CHUNK": 0}
+    assert "shared" in bwd.violation({**wide, "DE_TRANSPOSED": 0}, shape, "sm_90")
+    assert bwd.violation({**wide, "DE_TRANSPOSED": 1}, shape, "sm_90") is None
 
 
 def test_launches_resolve_registered_shapes(monkeypatch):
