@@ -15,7 +15,7 @@ same shapes, swept once.
 Every sweep measures the kernel's heuristic default first (the runner enqueues it).
 
 Usage: python bench/sweep_specs.py OUT_DIR [GROUP]  (gemm, memory, attention, tma,
-split-glue-tma-bwd, glue-4096 or attention-bwd-transposed; default gemm and memory)
+split-glue-tma-bwd, glue-4096, attention-bwd-transposed or indexer-key-tiles; default gemm and memory)
 """
 
 from __future__ import annotations
@@ -138,6 +138,19 @@ def attention_bwd_transposed_specs() -> list[tuple[str, dict]]:
                                                  "strategy": {"name": "grid"}})]
 
 
+# The indexer's scoring with the key range as a grid axis (KEY_TILES) against the one-axis grid,
+# the selection held at its tuned tiling, at the two sequence-4,096 shapes.
+INDEXER_KEY_TILES_SPACE = {"BLOCK_S": [16, 64], "BLOCK_H": [1, 4], "BLOCK_T": [128, 256], "KEY_TILES": [0, 1, 2],
+                           "num_warps": [4, 8], "num_stages": [2], "SELECT_ROWS": [2], "SELECT_WARPS": [16],
+                           "maxnreg": [None]}
+
+
+def indexer_key_tiles_specs() -> list[tuple[str, dict]]:
+    shapes = [s for p in ("v4-flash", "v4-pro") for s in registry.get("indexer_fwd").presets[p] if s["seq"] == 4096]
+    return [("indexer_fwd-key-tiles-grid", {"kernel": "indexer_fwd", "shapes": shapes, "arch": "sm_90",
+                                            "space": INDEXER_KEY_TILES_SPACE, "strategy": {"name": "grid"}})]
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -150,6 +163,8 @@ def main() -> None:
         specs = glue_4096_specs()
     elif group == "attention-bwd-transposed":
         specs = attention_bwd_transposed_specs()
+    elif group == "indexer-key-tiles":
+        specs = indexer_key_tiles_specs()
     elif group == "split-glue-tma-bwd":  # the 2026-12-01 follow-up: the split glue forward, TMA backward GEMMs
         specs = [(f"mhc_glue_fwd-{p}", spec("mhc_glue_fwd", p)) for p in ("v4-flash", "v4-pro")]
         specs += tma_specs(TMA_BWD_SPACES, ep8_only=True)

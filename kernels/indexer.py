@@ -15,7 +15,11 @@ Two launches, tuned together as ``indexer_fwd``:
 
 * Scoring (the heavy part). A program takes ``BLOCK_S`` queries of one batch element
   (latest queries first: they see the most entries) and walks the key tiles of
-  ``BLOCK_T`` entries they can see. Per key tile it loops over the heads ``BLOCK_H`` at a
+  ``BLOCK_T`` entries they can see: all of them, or with ``KEY_TILES`` > 0 that many, the
+  key range being a second grid axis. Scores of different entries share no sum, so
+  splitting the range costs nothing but the key tile's reload; it multiplies the programs
+  (a one-axis grid at S = 4,096 and 16 queries a program is 256 programs of unequal,
+  causal length on 132 SMs). Per key tile it loops over the heads ``BLOCK_H`` at a
   time: one ``tl.dot`` of the ``[BLOCK_S * BLOCK_H, D]`` (query, head) rows against the
   tile, ReLU and the w weighting in registers, and a sum over the heads into a
   ``[BLOCK_S, BLOCK_T]`` fp32 accumulator. The causal mask is computed inline from the
@@ -78,8 +82,8 @@ def _mma(a, b, UPCAST: tl.constexpr):
 @triton.jit
 def _score_kernel(
     q_ptr, k_ptr, w_ptr, scores_ptr, seq, n_keys, heads, dim, ratio,
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, DIM_PAD: tl.constexpr,
-    UPCAST: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, KEY_TILES: tl.constexpr,
+    DIM_PAD: tl.constexpr, UPCAST: tl.constexpr,
 ):
     query_blocks = tl.cdiv(seq, BLOCK_S)
     batch = tl.program_id(0) // query_blocks
@@ -93,7 +97,11 @@ def _score_kernel(
     dims = tl.arange(0, DIM_PAD)
     dim_mask = dims < dim
     end = tl.minimum(s0 + BLOCK_S, seq) // ratio  # entries the block's last query sees
-    for t0 in range(0, end, BLOCK_T):
+    t_begin = 0
+    if KEY_TILES > 0:  # this program's KEY_TILES key tiles (none past ``end``: it exits at once)
+        t_begin = tl.program_id(1) * KEY_TILES * BLOCK_T
+        end = tl.minimum(end, t_begin + KEY_TILES * BLOCK_T)
+    for t0 in range(t_begin, end, BLOCK_T):
         keys = t0 + tl.arange(0, BLOCK_T)
         k = tl.load(k_ptr + (batch * n_keys + keys).to(tl.int64)[:, None] * dim + dims[None, :],
                     mask=(keys < end)[:, None] & dim_mask[None, :], other=0.0)
@@ -159,12 +167,15 @@ def _score_rows(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ratio: int, c
     batch, seq, heads, dim = q.shape
     n_keys = k.shape[1]
     rows = torch.empty(batch, seq, n_keys, dtype=torch.float32, device=q.device)
+    key_tiles = config.get("KEY_TILES", 0)  # configs tuned before it existed lack it
+    key_groups = triton.cdiv(triton.cdiv(n_keys, config["BLOCK_T"]), key_tiles) if key_tiles else 1
     launch(
         _score_kernel,
-        (batch * triton.cdiv(seq, config["BLOCK_S"]),),
+        (batch * triton.cdiv(seq, config["BLOCK_S"]), max(1, key_groups)),
         (q, k, w, rows, seq, n_keys, heads, dim, ratio),
         {"BLOCK_S": config["BLOCK_S"], "BLOCK_H": config["BLOCK_H"], "BLOCK_T": config["BLOCK_T"],
-         "DIM_PAD": max(16, triton.next_power_of_2(dim)), "UPCAST": current_arch() == INTERPRETER_ARCH},
+         "KEY_TILES": key_tiles, "DIM_PAD": max(16, triton.next_power_of_2(dim)),
+         "UPCAST": current_arch() == INTERPRETER_ARCH},
         config,
         compile_only,
     )
@@ -317,7 +328,8 @@ def _default_config(shape: Shape) -> Config:
     """16 queries x 4 heads (64-row dots) against 128-entry tiles over 4 warps; selection of about
     2048 keys per program (one S = 8192 row, two S = 4096 rows) over 4 warps."""
     keys_pad = triton.next_power_of_2(max(1, shape["seq"] // INDEX_RATIO))
-    return {"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": min(128, max(16, keys_pad)), "num_warps": 4, "num_stages": 2,
+    return {"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": min(128, max(16, keys_pad)), "KEY_TILES": 0, "num_warps": 4,
+            "num_stages": 2,
             "SELECT_ROWS": min(16, max(1, 2048 // keys_pad), triton.next_power_of_2(shape["batch"] * shape["seq"])),
             "SELECT_WARPS": 4}
 

@@ -46,11 +46,14 @@ def test_scores_and_top_k_sets_match_eager(batch, seq, heads, dim, topk, ratio):
     ref_rows = index_scores_reference(q, k, w, ratio)
     visible = _visible(seq, n_keys, ratio)
 
-    # Key tiles of 16 entries: several per query block at these sizes.
-    config = {**registry.get("indexer_fwd").default_config({"batch": batch, "seq": seq, "topk": topk}), "BLOCK_T": 16}
-    rows = indexer._score_rows(q, k, w, ratio, config)
+    # Key tiles of 16 entries: several per query block at these sizes, walked by one program or
+    # one program each (KEY_TILES 1: the key range as a grid axis).
     mask = torch.arange(n_keys, device=DEVICE) < visible[:, None]
-    torch.testing.assert_close(rows[:, mask], ref_rows[:, mask], atol=1e-5, rtol=1e-5)
+    for key_tiles in (0, 1):
+        config = {**registry.get("indexer_fwd").default_config({"batch": batch, "seq": seq, "topk": topk}),
+                  "BLOCK_T": 16, "KEY_TILES": key_tiles}
+        rows = indexer._score_rows(q, k, w, ratio, config)
+        torch.testing.assert_close(rows[:, mask], ref_rows[:, mask], atol=1e-5, rtol=1e-5)
 
     indices, scores = indexer_topk(q, k, w, topk, ratio)
     assert indices.shape == scores.shape == (batch, seq, topk)
@@ -121,11 +124,14 @@ def test_outputs_carry_no_gradient():
 
 CONFIGS = [
     # One head per dot (no head reshape), two key tiles at seq 70.
-    {"BLOCK_S": 16, "BLOCK_H": 1, "BLOCK_T": 16, "num_warps": 4, "num_stages": 1, "SELECT_ROWS": 4, "SELECT_WARPS": 2},
+    {"BLOCK_S": 16, "BLOCK_H": 1, "BLOCK_T": 16, "KEY_TILES": 0, "num_warps": 4, "num_stages": 1, "SELECT_ROWS": 4,
+     "SELECT_WARPS": 2},
     # 8 heads per dot; query blocks taller than seq 37 and 48 (one stage: sm_90's shared memory).
-    {"BLOCK_S": 64, "BLOCK_H": 8, "BLOCK_T": 16, "num_warps": 8, "num_stages": 1, "SELECT_ROWS": 16,
+    {"BLOCK_S": 64, "BLOCK_H": 8, "BLOCK_T": 16, "KEY_TILES": 0, "num_warps": 8, "num_stages": 1, "SELECT_ROWS": 16,
      "SELECT_WARPS": 8},
-    {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "num_warps": 4, "num_stages": 2, "SELECT_ROWS": 8, "SELECT_WARPS": 4},
+    # One key tile a program (the key range as a grid axis).
+    {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 1, "num_warps": 4, "num_stages": 2, "SELECT_ROWS": 8,
+     "SELECT_WARPS": 4},
 ]
 
 
