@@ -7,7 +7,8 @@ repetition, host launch cost included when it exceeds the kernel's) and, for the
 without a FLOP count (the microsecond, memory-bound ones), CUDA-graph replay minus the replay
 of the L2 flushes alone (device time, see ``workers.timing``). Throughput
 is GB/s against the device-to-device copy bandwidth measured in the same run, and TFLOP/s
-for kernels that count FLOPs.
+for kernels that count FLOPs. The memory-bound kernels are also timed beside a copy of their own
+byte count (``same_size_copy``), the ceiling at their size.
 
 The expert GEMM launches also time their peers on the same inputs (``bench/expert_gemm_peers.py``):
 ``torch._grouped_mm`` (CUTLASS grouped GEMM), alone and with the eager epilogue the fused
@@ -82,12 +83,18 @@ def bench_shape(name: str, shape: dict[str, int], table: dict, ceiling_gbps: flo
         variants["tuned"] = lambda c=tuned: kernel.run(inputs, c)
     peer_fns, peer_errors = peers(name, inputs)
     variants.update(peer_fns if peer_fns else {"eager": lambda: kernel.reference(inputs)})
+    bytes_moved = kernel.bytes_moved(shape)
+    if not kernel.flops:
+        # One device copy of the launch's bytes (half read, half written): what moving them costs at
+        # this size, launch ramp and tail included, which the 4 GiB copy's bandwidth leaves out.
+        src = torch.randn(max(1, bytes_moved // 8), device="cuda")
+        dst = torch.empty_like(src)
+        variants["same_size_copy"] = lambda: dst.copy_(src)
     parity = {v: mismatch(_as_tuple(variants[v]()), reference, kernel.atol, kernel.rtol) or "ok"
               for v in ("default", "tuned") if v in variants}
     # Kernels that count FLOPs run for milliseconds, where events are exact enough; the
     # microsecond memory-bound ones are also timed by graph replay, without launch cost.
     ms, graph_ms = _time_variants(name, key, variants, graph=not kernel.flops)
-    bytes_moved = kernel.bytes_moved(shape)
     flops = kernel.flops(shape) if kernel.flops else None
     row: dict[str, Any] = {
         "kernel": name, "shape": key, "tuned_config": tuned, "default_config": default, "parity": parity,
