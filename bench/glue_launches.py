@@ -12,18 +12,14 @@ Usage (on a GPU): python bench/glue_launches.py TABLE_JSON OUT_JSON
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from kernels_h200 import copy_bandwidth_gbps  # bench/ is the script directory
+from launch_profile import launch_times
 from kernels import registry
-
-REPEATS = 50
 
 
 def main() -> None:
@@ -36,18 +32,7 @@ def main() -> None:
         config = table[key]["config"]
         inputs = kernel.make_inputs(shape, torch.device("cuda"), 0)
         h_bytes = inputs["h"].numel() * inputs["h"].element_size()
-        for _ in range(10):
-            kernel.run(inputs, config)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(REPEATS):
-                kernel.run(inputs, config)
-            torch.cuda.synchronize()
-        times: dict[str, list[float]] = defaultdict(list)
-        for event in prof.events():
-            if event.device_type == torch.autograd.DeviceType.CUDA:
-                times[event.name].append(event.device_time / 1000)
-        launches = {name: {"median_ms": statistics.median(t), "count": len(t) // REPEATS} for name, t in times.items()}
+        launches = launch_times(kernel, inputs, config)
         project = next(v["median_ms"] for n, v in launches.items() if "glue_fwd_kernel" in n)
         row = {"shape": key, "config": config, "launches": launches, "h_bytes": h_bytes,
                "projection_pct_of_copy_reading_h": 100 * h_bytes / project / 1e6 / copy_gbps,

@@ -181,25 +181,16 @@ def main() -> None:
         _agreement(args.agree_with, args.out, smem_per_sm)
         return
     from kernels import registry
+    from launch_variants import configs_at, preset_shapes  # bench/ is the script directory
 
     table = json.loads(args.table.read_text())
     overrides = json.loads(args.configs) if args.configs else None
     rows = []
     for name in args.kernels.split(","):
         kernel = registry.get(name)
-        shapes = {kernel.shape_key(s): s for p in args.presets.split(",") for s in kernel.presets.get(p, [])
-                  if args.only in kernel.shape_key(s)}
-        for key, shape in shapes.items():
+        for key, shape in preset_shapes(kernel, args.presets.split(","), args.only).items():
             inputs = kernel.make_inputs(shape, device, 3)
-            default = kernel.default_config(shape)
-            if overrides is None:
-                configs = {"default": default}
-                tuned = table["entries"].get(name, {}).get(key, {}).get("config")
-                if tuned is not None:
-                    configs["tuned"] = tuned
-            else:
-                configs = {variant: {**default, **config} for variant, config in overrides.items()}
-            for variant, config in configs.items():
+            for variant, config in configs_at(kernel, shape, table["entries"].get(name, {}), overrides).items():
                 launched = _measure(kernel, inputs, config, smem_per_sm, offline)
                 rows.append({"kernel": name, "shape": key, "variant": variant, "config": config,
                              "triton_kernels": launched})
