@@ -15,7 +15,8 @@ same shapes, swept once.
 Every sweep measures the kernel's heuristic default first (the runner enqueues it).
 
 Usage: python bench/sweep_specs.py OUT_DIR [GROUP]  (gemm, memory, attention, tma,
-split-glue-tma-bwd, glue-4096, attention-bwd-transposed or indexer-key-tiles; default gemm and memory)
+split-glue-tma-bwd, glue-4096, attention-bwd-transposed, indexer-key-tiles or glue-bwd-transposed;
+default gemm and memory)
 """
 
 from __future__ import annotations
@@ -151,6 +152,19 @@ def indexer_key_tiles_specs() -> list[tuple[str, dict]]:
                                             "space": INDEXER_KEY_TILES_SPACE, "strategy": {"name": "grid"}})]
 
 
+# The glue backward with dfn accumulated transposed (wgmma at 64-token steps) against the form it
+# replaces, whose tuned configs all took 16-token mma.sync steps, at every glue preset shape.
+GLUE_BWD_TRANSPOSED_SPACE = {"BLOCK_N": [16, 64], "BLOCK_K": [64, 128, 256], "SLABS": [8], "DFN_TRANSPOSED": [0, 1],
+                             "num_warps": [4, 8], "num_stages": [2], "maxnreg": [None]}
+
+
+def glue_bwd_transposed_specs() -> list[tuple[str, dict]]:
+    shapes = [s for p in ("v4-flash", "v4-pro") for s in registry.get("mhc_glue_bwd").presets[p]]
+    return [("mhc_glue_bwd-transposed-grid", {"kernel": "mhc_glue_bwd", "shapes": shapes, "arch": "sm_90",
+                                              "space": GLUE_BWD_TRANSPOSED_SPACE, "strategy": {"name": "grid"},
+                                              "timing": {"method": "cudagraph"}})]
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -165,6 +179,8 @@ def main() -> None:
         specs = attention_bwd_transposed_specs()
     elif group == "indexer-key-tiles":
         specs = indexer_key_tiles_specs()
+    elif group == "glue-bwd-transposed":
+        specs = glue_bwd_transposed_specs()
     elif group == "split-glue-tma-bwd":  # the 2026-12-01 follow-up: the split glue forward, TMA backward GEMMs
         specs = [(f"mhc_glue_fwd-{p}", spec("mhc_glue_fwd", p)) for p in ("v4-flash", "v4-pro")]
         specs += tma_specs(TMA_BWD_SPACES, ep8_only=True)

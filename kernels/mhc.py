@@ -256,11 +256,13 @@ def _glue_bwd_gates_kernel(
 @triton.jit
 def _glue_bwd_kernel(
     h_ptr, fn_ptr, dproj_ptr, drstd_ptr, dh_ptr, dfn_partial_ptr, n_tokens, width, tokens_per_slab,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DFN_TRANSPOSED: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """dh of one 4D chunk over the tokens of one slab, and that slab's dfn for the chunk, from the
     first pass's split d_proj: two bf16 tiles and one float a token, where recomputing the gates
-    read four fp32 tiles a token for every chunk."""
+    read four fp32 tiles a token for every chunk. DFN_TRANSPOSED accumulates dfn as its
+    ``[BLOCK_K, 32]`` transpose: the same sums, as dots whose M is BLOCK_K rather than the 32
+    logit rows, which sm_90 runs as wgmma (M >= 64)."""
     slab = tl.program_id(0)
     logits = tl.arange(0, _LOGITS_PAD)
     ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -268,7 +270,10 @@ def _glue_bwd_kernel(
     w = tl.load(fn_ptr + w_offsets, mask=w_mask, other=0.0)
     w_hi = w.to(tl.bfloat16)
     w_lo = _bf16_low(w, w_hi)
-    dfn = tl.zeros([_LOGITS_PAD, BLOCK_K], dtype=tl.float32)
+    if DFN_TRANSPOSED:
+        dfn = tl.zeros([BLOCK_K, _LOGITS_PAD], dtype=tl.float32)
+    else:
+        dfn = tl.zeros([_LOGITS_PAD, BLOCK_K], dtype=tl.float32)
     first_token = slab * tokens_per_slab
     for t0 in range(first_token, tl.minimum(first_token + tokens_per_slab, n_tokens), BLOCK_N):
         tokens = t0 + tl.arange(0, BLOCK_N)
@@ -284,8 +289,13 @@ def _glue_bwd_kernel(
         dx = _mma(dp_lo, w_hi, dx, UPCAST)
         dx -= d_rstd[:, None] * x.to(tl.float32)
         tl.store(dh_ptr + x_offsets, dx.to(dh_ptr.dtype.element_ty), mask=x_mask)
-        dfn = _dot_split(tl.trans(dp_hi), x, dfn, UPCAST)  # one MMA each for bf16 h, two for fp32
-        dfn = _dot_split(tl.trans(dp_lo), x, dfn, UPCAST)
+        if DFN_TRANSPOSED:
+            dfn = _dot_split(tl.trans(x), dp_lo, _dot_split(tl.trans(x), dp_hi, dfn, UPCAST), UPCAST)
+        else:
+            dfn = _dot_split(tl.trans(dp_hi), x, dfn, UPCAST)  # one MMA each for bf16 h, two for fp32
+            dfn = _dot_split(tl.trans(dp_lo), x, dfn, UPCAST)
+    if DFN_TRANSPOSED:
+        dfn = tl.trans(dfn)
     tl.store(dfn_partial_ptr + slab.to(tl.int64) * _LOGITS * width + w_offsets, dfn, mask=w_mask)
 
 
@@ -376,7 +386,8 @@ def _glue_backward(
         _glue_bwd_kernel,
         (slabs, triton.cdiv(width, config["BLOCK_K"])),
         (h, fn, dproj, drstd, dh, dfn_partial, n_tokens, width, tokens_per_slab),
-        {"BLOCK_N": block_n, "BLOCK_K": config["BLOCK_K"], "UPCAST": current_arch() == INTERPRETER_ARCH},
+        {"BLOCK_N": block_n, "BLOCK_K": config["BLOCK_K"], "DFN_TRANSPOSED": bool(config.get("DFN_TRANSPOSED")),  # older configs lack it
+         "UPCAST": current_arch() == INTERPRETER_ARCH},
         config,
         compile_only,
     )
@@ -784,7 +795,7 @@ def _glue_default(shape: Shape, backward: bool) -> Config:
         split = min(triton.next_power_of_2(triton.cdiv(_FILL_PROGRAMS, blocks)), max(1, 4 * shape["hidden"] // 512))
         return {"BLOCK_N": block_n, "BLOCK_K": 64, "SPLIT_K": split, "num_warps": 4, "num_stages": 3}
     slabs = 16 if triton.cdiv(tokens, block_n) >= 16 else 8
-    return {"BLOCK_N": block_n, "BLOCK_K": 128, "SLABS": slabs, "num_warps": 8, "num_stages": 2}
+    return {"BLOCK_N": block_n, "BLOCK_K": 128, "SLABS": slabs, "DFN_TRANSPOSED": 0, "num_warps": 8, "num_stages": 2}
 
 
 def _streams_default(shape: Shape, backward: bool) -> Config:
