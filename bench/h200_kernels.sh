@@ -11,8 +11,10 @@
 #          the committed table's entries this database has no trials for);
 #   bench: tuned vs default vs eager (and the expert GEMMs' peers) at every preset shape, with
 #          the table given as TABLE (default: the committed one), bounded by BENCH_SECONDS
-#          (KERNELS=a,b,... or a group name gemm|memory|attention for some launches only).
-#   usage (device tool): source .gpubundle/install.sh && bash bench/h200_kernels.sh parity|sweep|bench ...
+#          (KERNELS=a,b,... or a group name gemm|memory|attention for some launches only);
+#   profile: each GPU kernel's device time behind the launches KERNELS=a,b,... (default and
+#          TABLE's config; bench/launch_profile.py), bounded by PROFILE_SECONDS.
+#   usage (device tool): source .gpubundle/install.sh && bash bench/h200_kernels.sh parity|sweep|bench|profile ...
 #   the attention run: TESTS="tests/test_sparse_attention.py tests/test_compressor.py tests/test_indexer.py"
 #     GROUP=attention KERNELS=attention TABLE=$OUT/sm_90.json bash bench/h200_kernels.sh parity sweep bench
 set -uo pipefail
@@ -55,5 +57,10 @@ bench)
     "$kernels" \
     v4-flash,v4-pro 2>&1 | grep -v '^{' | tail -150 | tee -a "$out/log.txt"
   ;;
-*) echo "usage: $0 parity|sweep|bench ..." >&2; exit 2 ;;
+profile)
+  step "device time of each GPU kernel behind ${KERNELS:?profile needs KERNELS=a,b,...}"
+  timeout -k 15 -s INT "${PROFILE_SECONDS:-300}" python bench/launch_profile.py "${TABLE:-kernels/tables/sm_90.json}" \
+    "$out/launches.json" "$KERNELS" v4-flash,v4-pro 2>&1 | tail -5 | tee -a "$out/log.txt"
+  ;;
+*) echo "usage: $0 parity|sweep|bench|profile ..." >&2; exit 2 ;;
 esac; done

@@ -10,7 +10,8 @@ Hopper's wgmma) and warp-level MMAs (``HMMA``, mma.sync) its SASS holds.
 On a machine without a GPU it compiles for ``--offline-arch`` (sm_90) instead of launching: Triton's
 JIT specialises and compiles exactly as for a launch, and the registers and spills come from the
 cubin's resource table (``cuobjdump``). With the Triton version of the GPU image, these equal what
-the GPU reports (``bench/results/2026-12-01-cpu-offline-resources/agreement.md``).
+the GPU reports (``bench/results/2026-12-01-cpu-offline-resources/agreement.md``). Beside OUT_JSON
+it writes the same rows as a markdown table (OUT.md).
 
 Usage: python bench/kernel_resources.py TABLE_JSON OUT_JSON KERNEL,KERNEL,... [PRESET,...]
            [--configs CONFIGS_JSON] [--only SHAPE_TEXT] [--offline-arch sm_90]
@@ -167,6 +168,18 @@ def agreement_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def resources_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: one line per compiled kernel of each (launch, shape, variant)."""
+    lines = ["| launch | shape | variant | Triton kernel | registers | spilled B | shared KiB | warps | stages "
+             "| programs / SM | wgmma | mma.sync |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for fn, k in r["triton_kernels"].items():
+            lines.append(f"| {r['kernel']} | {r['shape']} | {r['variant']} | {fn} | {k['n_regs']} | {k['spilled_bytes']} "
+                         f"| {k['shared_bytes'] / 1024:.0f} | {k['num_warps']} | {k['num_stages']} "
+                         f"| {k['programs_per_sm']} | {k['hgmma']} | {k['hmma']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     args = _parse_args()
     offline = args.offline_arch is not None
@@ -200,6 +213,7 @@ def main() -> None:
                 torch.cuda.empty_cache()
             args.out.write_text(json.dumps({"smem_per_sm": smem_per_sm, "triton": triton.__version__,
                                             "offline_arch": args.offline_arch, "rows": rows}, indent=1))
+            args.out.with_suffix(".md").write_text(resources_table(rows))
 
 
 if __name__ == "__main__":
