@@ -4,7 +4,7 @@ The benchmark write-ups name what bounds a kernel; this script reads it from the
 of guessing: for each launch and preset shape asked, it runs the heuristic default and the table's
 config once (or the configs of ``--configs``) and records, for every Triton kernel those runs
 launched, registers per thread, spilled bytes, shared memory, ``num_warps``, what that allows per SM
-(65,536 registers, the device's shared memory per SM), and how many warpgroup MMAs (``HGMMA``,
+(65,536 registers, the device's shared memory, 32 programs and 64 warps per SM), and how many warpgroup MMAs (``HGMMA``,
 Hopper's wgmma) and warp-level MMAs (``HMMA``, mma.sync) its SASS holds.
 
 On a machine without a GPU it compiles for ``--offline-arch`` (sm_90) instead of launching: Triton's
@@ -33,6 +33,7 @@ import triton
 from triton.runtime.jit import JITFunction
 
 REGISTERS_PER_SM = 65536
+BLOCKS_PER_SM, WARPS_PER_SM = 32, 64  # sm_80 and sm_90 limits
 SM90_SHARED_PER_SM = 233472  # what an H200 reports (shared_memory_per_multiprocessor)
 _CUDA_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 _launched: list[Any] = []
@@ -92,10 +93,10 @@ def _resources(compiled: Any, smem_per_sm: int, offline: bool) -> dict[str, Any]
     warps = compiled.metadata.num_warps
     shared = compiled.metadata.shared
     by_regs = REGISTERS_PER_SM // max(1, regs * warps * 32)
-    by_smem = smem_per_sm // shared if shared else None
+    by_smem = smem_per_sm // shared if shared else BLOCKS_PER_SM
     return {"n_regs": regs, "spilled_bytes": spilled, "shared_bytes": shared,
             "num_warps": warps, "num_stages": compiled.metadata.num_stages,
-            "programs_per_sm": min(by_regs, by_smem) if by_smem is not None else by_regs,
+            "programs_per_sm": min(by_regs, by_smem, BLOCKS_PER_SM, WARPS_PER_SM // warps),
             **_mma_counts(compiled.asm["cubin"])}
 
 
