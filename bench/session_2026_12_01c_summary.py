@@ -4,19 +4,26 @@
    and the MMAs the kernels issue per element of h (padded to the 32-row logit tile):
    forward, two bf16 products of the [tokens, 4D] x [4D, 32] projection (fn split in two, h exact);
    backward, three products for dx = d_proj @ fn at fp32 accuracy and two for dfn = d_proj^T @ h.
-2. Per launch variant, what its sm_90 compile (offline, Triton 3.6) holds, at one shape per probe.
+2. The sparse-attention backward at 16 against 32 heads a block, same config otherwise, in the
+   2026-11-30 exhaustive grid: what halving the head blocks (each gathers every entry once and
+   adds its gradient atomically) saved, in the kernel of that date.
+3. Per launch variant, what its sm_90 compile (offline, Triton 3.6) holds, at one shape per probe.
 
 Usage: python bench/session_2026_12_01c_summary.py [RESULTS_DIR]  (prints markdown)
 """
 
 from __future__ import annotations
 
+import csv
 import json
+import statistics
 import sys
 from pathlib import Path
 
 H200_RESULTS = Path(__file__).parent / "results" / "2026-12-01-h200-b"
 OFFLINE_RESULTS = Path(__file__).parent / "results" / "2026-12-01-cpu-offline-resources"
+ATTENTION_TRIALS = Path(__file__).parent / "results" / "2026-11-30-h200-attention" / "sweep-trials.csv"
+FLASH_CSA = "batch=1,seq=4096,heads=64,ratio=4,topk=512,window=128"
 LOGIT_TILE = 32
 MMA_PRODUCTS = {"forward": 2, "backward": 3 + 2}
 BYTES_PER_ELEMENT = {"forward": 2, "backward": 4}  # h read; h read and dh written (bf16)
@@ -70,10 +77,31 @@ def variant_compiles(offline: Path) -> list[str]:
     return lines
 
 
+def head_block_effect(trials_csv: Path) -> list[str]:
+    """The 2026-11-30 exhaustive grid of the backward at the Flash CSA shape: each config at 16 heads
+    a block (4 blocks of V4-Flash's 64) beside the same config at 32 (2 blocks): time ratio."""
+    times: dict[tuple, dict[int, float]] = {}
+    with trials_csv.open() as f:
+        for r in csv.DictReader(f):
+            if r["kernel"] != "sparse_attn_bwd" or r["status"] != "ok" or r["shape_key"] != FLASH_CSA:
+                continue
+            c = json.loads(r["config"])
+            rest = tuple(sorted((k, str(v)) for k, v in c.items() if k != "BLOCK_H"))
+            times.setdefault(rest, {})[c["BLOCK_H"]] = float(r["median_ms"])
+    pairs = sorted((t[16] / t[32], t[16], t[32], dict(rest)) for rest, t in times.items() if {16, 32} <= set(t))
+    best = min(pairs, key=lambda p: p[2])
+    ratios = [p[0] for p in pairs]
+    return [f"{len(pairs)} configs timed at both: 16 / 32 heads a block {min(ratios):.2f}-{max(ratios):.2f}x "
+            f"(median {statistics.median(ratios):.2f}x); at the fastest 32-head config ({best[3]}): "
+            f"{best[1]:.2f} -> {best[2]:.2f} ms."]
+
+
 def main() -> None:
     offline = Path(sys.argv[1]) if len(sys.argv) > 1 else OFFLINE_RESULTS
     print("### mHC glue: MMA rate of the 2026-12-01 H200 times\n")
     print("\n".join(glue_mma_rates(H200_RESULTS)))
+    print("\n### Sparse-attention backward: heads a block, the 2026-11-30 grid (Flash CSA)\n")
+    print("\n".join(head_block_effect(ATTENTION_TRIALS)))
     print("\n### Launch variants compiled for sm_90 (offline, Triton 3.6)\n")
     print("\n".join(variant_compiles(offline)))
 
