@@ -35,3 +35,10 @@ run "$out/indexer-key-tiles.json" indexer_fwd v4-flash --only seq=4096 --configs
   "one_head_64x128_key_tiles_1": {"BLOCK_S": 64, "BLOCK_H": 1, "BLOCK_T": 128, "KEY_TILES": 1, "num_warps": 4,
                                   "num_stages": 2, "SELECT_ROWS": 2, "SELECT_WARPS": 16}}'
 run "$out/router.json" router_fwd,router_bwd,router_hash_fwd v4-flash,v4-pro
+
+# The spaces' register and shared-memory bounds against compiles (bench/space_vs_compiles.py).
+check() { PYTHONPATH=. "$venv/bin/python" bench/space_vs_compiles.py "$@"; }
+mkdir -p "$out/spaces"
+check indexer_fwd v4-flash seq=4096 "$out/spaces/indexer-fwd-flash-4096.json" --sample 40
+check compressor_bwd v4-flash ratio=4,dim=512 "$out/spaces/compressor-bwd-csa-512.json" --sample 40
+check compressor_bwd v4-flash ratio=128 "$out/spaces/compressor-bwd-hca-512-admitted.json" --sample 20 --admitted-only

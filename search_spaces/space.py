@@ -97,9 +97,13 @@ class SearchSpace(BaseModel):
         return [dict(zip(dims, values)) for values in itertools.product(*dims.values())]
 
     def violation(self, config: dict[str, Any], shape: dict[str, int], arch: str) -> str | None:
-        """Why ``config`` cannot run at ``shape`` on ``arch``, or None when it can."""
+        """Why ``config`` cannot run at ``shape`` on ``arch``, or None when it can.
+
+        Expressions may name ``maxnreg``, the config's register cap: None where it sets none or the
+        arch has no such knob.
+        """
         facts = arch_facts(arch)
-        names = {**EXPRESSION_FUNCTIONS, **facts, **shape, **config}
+        names = {**EXPRESSION_FUNCTIONS, **facts, "maxnreg": None, **shape, **config}
         for text, code in self._compiled:
             if not eval(code, {"__builtins__": {}}, names):  # noqa: S307 - expressions from space files
                 return f"constraint violated: {text}"

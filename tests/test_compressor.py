@@ -122,6 +122,16 @@ def test_defaults_fit_the_space_on_sm_90(name):
     assert_defaults_fit_space(name, ("v4-flash", "v4-pro", "small"))
 
 
+def test_a_register_cap_holds_the_backward_to_it_on_sm_90():
+    """32 window values a thread compile to about 200 registers without spills on sm_90, and spill
+    under a 128-register cap (bench/results/2026-12-01-cpu-offline-resources/spaces)."""
+    space = load_space("compressor_bwd")
+    shape = next(s for s in registry.get("compressor_bwd").presets["v4-flash"] if s["ratio"] == 128)
+    config = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 32, "DAPE_ATOMIC": 0, "num_warps": 4, "num_stages": 1}
+    assert space.violation({**config, "maxnreg": None}, shape, "sm_90") is None
+    assert "maxnreg" in space.violation({**config, "maxnreg": 128}, shape, "sm_90")
+
+
 def test_launches_resolve_registered_shapes(monkeypatch):
     looked_up = spy_on_resolve(monkeypatch, compressor)
     for ratio in (4, 128):

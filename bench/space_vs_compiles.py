@@ -1,0 +1,85 @@
+"""Checks a search space's constraints against sm_90 compiles: which configs the space admits that
+spill or would not load, and which it prunes that compile cleanly.
+
+The spaces prune configs before anything is compiled, with register and shared-memory estimates,
+some of them never checked against a compile. This draws configs from the space's full grid at one
+preset shape (a seeded sample, or all of them), compiles each for sm_90 without a GPU (as
+``kernel_resources.py --offline-arch`` does: with the GPU image's Triton 3.6 the compiles equal the
+H200's) and sorts them by the space's verdict against what the compile holds.
+
+Usage: python bench/space_vs_compiles.py KERNEL PRESET SHAPE_TEXT OUT_JSON [--sample N] [--seed S] [--admitted-only]
+(SHAPE_TEXT picks the preset's first shape whose key contains it). Writes OUT_JSON and OUT.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from triton.runtime.jit import JITFunction
+
+import kernel_resources  # bench/ is the script directory
+
+ARCH = "sm_90"
+
+
+def compile_outcome(launched: dict[str, dict[str, Any]]) -> str:
+    """``fits``, ``spills`` or ``over shared memory`` (would not load), from every compiled kernel of a run."""
+    if any(k["shared_bytes"] > kernel_resources.SM90_SHARED_PER_SM for k in launched.values()):
+        return "over shared memory"
+    return "spills" if any(k["spilled_bytes"] for k in launched.values()) else "fits"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kernel")
+    parser.add_argument("preset")
+    parser.add_argument("shape_text")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--sample", type=int, default=0, help="configs drawn from the grid (0: all)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--admitted-only", action="store_true",
+                        help="draw only configs the space admits (pruned ones can take minutes to compile)")
+    args = parser.parse_args()
+    kernel_resources._use_offline_arch(ARCH)
+    JITFunction.run = kernel_resources._recording_run(JITFunction.run, True)
+    from kernels import registry
+    from search_spaces import load_space
+
+    kernel, space = registry.get(args.kernel), load_space(args.kernel)
+    shape = next(s for s in kernel.presets[args.preset] if args.shape_text in kernel.shape_key(s))
+    grid = space.grid(ARCH)
+    pool = [c for c in grid if space.violation(c, shape, ARCH) is None] if args.admitted_only else grid
+    configs = random.Random(args.seed).sample(pool, args.sample) if 0 < args.sample < len(pool) else pool
+    inputs = kernel.make_inputs(shape, torch.device("cpu"), 3)
+    rows = []
+    for n, config in enumerate(configs, 1):
+        verdict = space.violation(config, shape, ARCH)
+        try:
+            launched = kernel_resources._measure(kernel, inputs, config, kernel_resources.SM90_SHARED_PER_SM, True)
+            outcome = compile_outcome(launched)
+        except Exception as exc:  # noqa: BLE001 - a config the compiler rejects is an outcome to record
+            launched, outcome = {}, f"compile error: {type(exc).__name__}"
+        rows.append({"config": config, "admitted": verdict is None, "violation": verdict, "outcome": outcome,
+                     "triton_kernels": launched})
+        print(f"{n}/{len(configs)} {'admitted' if verdict is None else 'pruned'} {outcome} {json.dumps(config)}",
+              flush=True)
+        args.out.write_text(json.dumps({"kernel": args.kernel, "shape": kernel.shape_key(shape), "grid": len(grid),
+                                        "rows": rows}, indent=1))
+    counts = Counter((r["admitted"], r["outcome"]) for r in rows)
+    drawn = f"{len(rows)} of the {len(pool)} configs it admits" if args.admitted_only else \
+        f"{len(rows)} of the {len(grid)} grid configs"
+    lines = [f"{args.kernel} at {kernel.shape_key(shape)}: {drawn} compiled for {ARCH}", "", "| space | compile | configs |", "|---|---|---|"]
+    lines += [f"| {'admitted' if admitted else 'pruned'} | {outcome} | {count} |"
+              for (admitted, outcome), count in sorted(counts.items(), key=lambda c: (not c[0][0], c[0][1]))]
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
