@@ -42,3 +42,5 @@ mkdir -p "$out/spaces"
 check indexer_fwd v4-flash seq=4096 "$out/spaces/indexer-fwd-flash-4096.json" --sample 40
 check compressor_bwd v4-flash ratio=4,dim=512 "$out/spaces/compressor-bwd-csa-512.json" --sample 40
 check compressor_bwd v4-flash ratio=128 "$out/spaces/compressor-bwd-hca-512-admitted.json" --sample 20 --admitted-only
+check sparse_attn_bwd v4-flash seq=4096,heads=64,ratio=4 "$out/spaces/sparse-attn-bwd-flash-csa-admitted.json" --sample 16 --admitted-only
+check mhc_glue_bwd v4-flash tokens=4096 "$out/spaces/mhc-glue-bwd-4096-admitted.json" --sample 24 --admitted-only
