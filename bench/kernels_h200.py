@@ -3,11 +3,12 @@
 For every kernel and preset shape asked: full-size parity of the tuned and the default config
 against the eager reference, then the median time of each variant, interleaved over several
 rounds, by two methods: CUDA events around each call (``do_bench``, L2 flushed per
-repetition, host launch cost included when it exceeds the kernel's) and, for the kernels
-without a FLOP count (the microsecond, memory-bound ones), CUDA-graph replay minus the replay
-of the L2 flushes alone (device time, see ``workers.timing``). Throughput
+repetition, host launch cost included when it exceeds the kernel's) and, for the memory-bound
+launches (the sweep specs' group, and any without a FLOP count: microsecond kernels), CUDA-graph
+replay minus the replay of the L2 flushes alone (device time, see ``workers.timing``), as their
+sweeps time them. Throughput
 is GB/s against the device-to-device copy bandwidth measured in the same run, and TFLOP/s
-for kernels that count FLOPs. The memory-bound kernels are also timed beside a copy of their own
+for kernels that count FLOPs. The memory-bound launches are also timed beside a copy of their own
 byte count (``same_size_copy``), the ceiling at their size.
 
 The expert GEMM launches also time their peers on the same inputs (``bench/expert_gemm_peers.py``):
@@ -32,6 +33,7 @@ import triton.testing
 
 from expert_gemm_peers import peers  # a sibling script of this one
 from kernels import registry
+from sweep_specs import MEMORY_BOUND  # a sibling script
 from workers.bench_child import mismatch
 from workers.device_info import describe_device
 from workers.timing import measure_graph
@@ -84,7 +86,8 @@ def bench_shape(name: str, shape: dict[str, int], table: dict, ceiling_gbps: flo
     peer_fns, peer_errors = peers(name, inputs)
     variants.update(peer_fns if peer_fns else {"eager": lambda: kernel.reference(inputs)})
     bytes_moved = kernel.bytes_moved(shape)
-    if not kernel.flops:
+    memory_bound = name in MEMORY_BOUND or not kernel.flops
+    if memory_bound:
         # One device copy of the launch's bytes (half read, half written): what moving them costs at
         # this size, launch ramp and tail included, which the 4 GiB copy's bandwidth leaves out.
         src = torch.randn(max(1, bytes_moved // 8), device="cuda")
@@ -92,9 +95,9 @@ def bench_shape(name: str, shape: dict[str, int], table: dict, ceiling_gbps: flo
         variants["same_size_copy"] = lambda: dst.copy_(src)
     parity = {v: mismatch(_as_tuple(variants[v]()), reference, kernel.atol, kernel.rtol) or "ok"
               for v in ("default", "tuned") if v in variants}
-    # Kernels that count FLOPs run for milliseconds, where events are exact enough; the
+    # The compute-bound kernels run for milliseconds, where events are exact enough; the
     # microsecond memory-bound ones are also timed by graph replay, without launch cost.
-    ms, graph_ms = _time_variants(name, key, variants, graph=not kernel.flops)
+    ms, graph_ms = _time_variants(name, key, variants, graph=memory_bound)
     flops = kernel.flops(shape) if kernel.flops else None
     row: dict[str, Any] = {
         "kernel": name, "shape": key, "tuned_config": tuned, "default_config": default, "parity": parity,
@@ -133,7 +136,7 @@ def main() -> None:
     for r in rows:
         t = r["graph_ms"].get("tuned", r["ms"].get("tuned", nan))
         d = r["graph_ms"].get("default", r["ms"]["default"])
-        rate = r.get("graph_tflops", {}).get("tuned") or r["graph_pct_of_copy"].get("tuned", nan)
+        rate = ((r.get("graph_tflops") or r.get("tflops") or {}) if r["flops"] else r["graph_pct_of_copy"]).get("tuned", nan)
         print(f"{r['kernel']:20} {r['shape']:52} default {d:8.4f} tuned {t:8.4f} ms  x{d / t:5.2f}  "
               f"{'TFLOP/s' if r['flops'] else '% copy'} {rate:6.1f}  parity {r['parity']}")
 

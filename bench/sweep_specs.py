@@ -15,7 +15,8 @@ same shapes, swept once.
 Every sweep measures the kernel's heuristic default first (the runner enqueues it).
 
 Usage: python bench/sweep_specs.py OUT_DIR [GROUP]  (gemm, memory, attention, tma,
-split-glue-tma-bwd, glue-4096, attention-bwd-transposed, indexer-key-tiles or glue-bwd-transposed;
+split-glue-tma-bwd, glue-4096, attention-bwd-transposed, attention-bwd-8192, indexer-key-tiles, glue-bwd-transposed,
+glue-bwd-transposed-wide or indexer-select;
 default gemm and memory)
 """
 
@@ -131,12 +132,19 @@ ATTENTION_BWD_TRANSPOSED_SPACE = {"BLOCK_H": [32, 64], "TILE_K": [16, 32], "DE_T
                                   "maxnreg": [None]}
 
 
-def attention_bwd_transposed_specs() -> list[tuple[str, dict]]:
+def attention_bwd_transposed_specs(seq: int = 4096, space: dict = ATTENTION_BWD_TRANSPOSED_SPACE
+                                   ) -> list[tuple[str, dict]]:
     shapes = [s for p in ("v4-flash", "v4-pro") for s in registry.get("sparse_attn_bwd").presets[p]
-              if s["seq"] == 4096]
-    return [("sparse_attn_bwd-transposed-grid", {"kernel": "sparse_attn_bwd", "shapes": shapes, "arch": "sm_90",
-                                                 "space": ATTENTION_BWD_TRANSPOSED_SPACE,
-                                                 "strategy": {"name": "grid"}})]
+              if s["seq"] == seq]
+    return [(f"sparse_attn_bwd-transposed-grid-{seq}", {"kernel": "sparse_attn_bwd", "shapes": shapes,
+                                                        "arch": "sm_90", "space": space,
+                                                        "strategy": {"name": "grid"}})]
+
+
+# The same at sequence 8,192 (four of its six shapes had no table entry), at the two stages the
+# sequence-4,096 grid's winners all took (a 64 x 16 transposed tile at one stage hit an illegal
+# address there).
+ATTENTION_BWD_8192_SPACE = ATTENTION_BWD_TRANSPOSED_SPACE | {"num_stages": [2]}
 
 
 # The indexer's scoring with the key range as a grid axis (KEY_TILES) against the one-axis grid,
@@ -165,6 +173,32 @@ def glue_bwd_transposed_specs() -> list[tuple[str, dict]]:
                                               "timing": {"method": "cudagraph"}})]
 
 
+# The glue backward's transposed form (the 2026-12-01 H200 grid's winner at every shape, 1.47-1.71x
+# the best of the old form) over the slab counts, tile widths and stages that grid held fixed.
+GLUE_BWD_TRANSPOSED_WIDE_SPACE = {"BLOCK_N": [64], "BLOCK_K": [64, 128, 256], "SLABS": [8, 16, 32],
+                                  "DFN_TRANSPOSED": [1], "num_warps": [4, 8], "num_stages": [1, 2],
+                                  "maxnreg": [None]}
+
+
+def glue_bwd_transposed_wide_specs() -> list[tuple[str, dict]]:
+    body = glue_bwd_transposed_specs()[0][1] | {"space": GLUE_BWD_TRANSPOSED_WIDE_SPACE}
+    return [("mhc_glue_bwd-transposed-wide-grid", body)]
+
+
+# The indexer's selection (a third of its time, and slower in the tuned config than in the
+# default: 102-107 against 84-88 us) over its rows and warps, the scoring held at the key-tiles
+# grid's winner, at every indexer shape (the sequence-8,192 ones have no table entry yet).
+INDEXER_SELECT_SPACE = {"BLOCK_S": [16], "BLOCK_H": [4], "BLOCK_T": [256], "KEY_TILES": [1], "num_warps": [8],
+                        "num_stages": [2], "SELECT_ROWS": [1, 2, 4, 8, 16], "SELECT_WARPS": [2, 4, 8, 16],
+                        "maxnreg": [None]}
+
+
+def indexer_select_specs() -> list[tuple[str, dict]]:
+    shapes = [s for p in ("v4-flash", "v4-pro") for s in registry.get("indexer_fwd").presets[p]]
+    return [("indexer_fwd-select-grid", {"kernel": "indexer_fwd", "shapes": shapes, "arch": "sm_90",
+                                         "space": INDEXER_SELECT_SPACE, "strategy": {"name": "grid"}})]
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -177,10 +211,16 @@ def main() -> None:
         specs = glue_4096_specs()
     elif group == "attention-bwd-transposed":
         specs = attention_bwd_transposed_specs()
+    elif group == "attention-bwd-8192":
+        specs = attention_bwd_transposed_specs(8192, ATTENTION_BWD_8192_SPACE)
     elif group == "indexer-key-tiles":
         specs = indexer_key_tiles_specs()
     elif group == "glue-bwd-transposed":
         specs = glue_bwd_transposed_specs()
+    elif group == "glue-bwd-transposed-wide":
+        specs = glue_bwd_transposed_wide_specs()
+    elif group == "indexer-select":
+        specs = indexer_select_specs()
     elif group == "split-glue-tma-bwd":  # the 2026-12-01 follow-up: the split glue forward, TMA backward GEMMs
         specs = [(f"mhc_glue_fwd-{p}", spec("mhc_glue_fwd", p)) for p in ("v4-flash", "v4-pro")]
         specs += tma_specs(TMA_BWD_SPACES, ep8_only=True)
