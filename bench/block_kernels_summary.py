@@ -11,7 +11,7 @@ exported without skips times entries that the committed table leaves out. ``--pr
 counts committed entries of sweep N apart (a sweep that ran before a fix of the sweep service).
 
 Usage: python bench/block_kernels_summary.py [--table kernels/tables/sm_90.json [--pre-fix-sweep N ...]]
-       RESULT_JSON [RESULT_JSON ...] > summary.md
+       [--skip-kernel K ...] RESULT_JSON [RESULT_JSON ...] > summary.md
 (a row of a later file replaces the same kernel and shape of an earlier one)
 """
 
@@ -111,6 +111,8 @@ def main() -> None:
     parser.add_argument("--table", type=Path, help="the committed tuned table, to mark which swept configs it holds")
     parser.add_argument("--pre-fix-sweep", type=int, action="append", default=[], metavar="N",
                         help="with --table: count committed entries of sweep N apart (repeatable)")
+    parser.add_argument("--skip-kernel", action="append", default=[], metavar="K",
+                        help="leave launch K's rows out, e.g. the attention rows of a mixed run (repeatable)")
     args = parser.parse_args()
     if args.pre_fix_sweep and not args.table:
         parser.error("--pre-fix-sweep needs --table")
@@ -119,7 +121,8 @@ def main() -> None:
     latest: dict[tuple[str, str], dict] = {}  # a later file's row replaces an earlier one's
     for path in args.results:
         for row in json.loads(path.read_text())["rows"]:
-            latest[row["kernel"], row["shape"]] = row
+            if row["kernel"] not in args.skip_kernel:
+                latest[row["kernel"], row["shape"]] = row
     rows = list(latest.values())
     gemms = [r for r in rows if r["flops"] and r["kernel"].startswith("expert_")]
     others = [r for r in rows if r not in gemms]
