@@ -89,10 +89,12 @@ def bench_shape(name: str, shape: dict[str, int], table: dict, ceiling_gbps: flo
     memory_bound = name in MEMORY_BOUND or not kernel.flops
     if memory_bound:
         # One device copy of the launch's bytes (half read, half written): what moving them costs at
-        # this size, launch ramp and tail included, which the 4 GiB copy's bandwidth leaves out.
+        # this size, launch ramp and tail included, which the 4 GiB copy's bandwidth leaves out. An
+        # elementwise kernel, not copy_: in a CUDA graph copy_ is a memcpy node, which ran 1.5x slower
+        # than the same copy timed by events at 0.27-1.9 GB (the 2026-12-01 H200 run).
         src = torch.randn(max(1, bytes_moved // 8), device="cuda")
         dst = torch.empty_like(src)
-        variants["same_size_copy"] = lambda: dst.copy_(src)
+        variants["same_size_copy"] = lambda: torch.mul(src, 1.0, out=dst)
     parity = {v: mismatch(_as_tuple(variants[v]()), reference, kernel.atol, kernel.rtol) or "ok"
               for v in ("default", "tuned") if v in variants}
     # The compute-bound kernels run for milliseconds, where events are exact enough; the
