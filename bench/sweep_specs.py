@@ -187,9 +187,10 @@ def glue_bwd_transposed_wide_specs() -> list[tuple[str, dict]]:
 
 # The indexer's selection (a third of its time, and slower in the tuned config than in the
 # default: 102-107 against 84-88 us) over its rows and warps, the scoring held at the key-tiles
-# grid's winner, at every indexer shape (the sequence-8,192 ones have no table entry yet).
+# grid's winner, at every indexer shape. The 2026-12-01 grid's winner had the fewest warps it
+# held (2); one warp (admitted at sequence 4,096 only: 203-211 registers, no spills offline) is next.
 INDEXER_SELECT_SPACE = {"BLOCK_S": [16], "BLOCK_H": [4], "BLOCK_T": [256], "KEY_TILES": [1], "num_warps": [8],
-                        "num_stages": [2], "SELECT_ROWS": [1, 2, 4, 8, 16], "SELECT_WARPS": [2, 4, 8, 16],
+                        "num_stages": [2], "SELECT_ROWS": [1, 2, 4, 8, 16], "SELECT_WARPS": [1, 2, 4, 8, 16],
                         "maxnreg": [None]}
 
 
