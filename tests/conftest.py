@@ -1,4 +1,4 @@
-"""Test set-up: the CPU interpreter when there is no GPU, the fault-probe kernel, a fresh DB."""
+"""Test set-up: the CPU interpreter when there is no GPU, the fault-probe kernel, a fresh DB, a local Ray."""
 
 from __future__ import annotations
 
@@ -57,3 +57,15 @@ def db_url(db_backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> s
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray of 2 CPUs for the module: in-process commands join it instead of starting their own."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()

@@ -5,7 +5,6 @@ volume and the summary by hand."""
 from __future__ import annotations
 
 import pytest
-import ray
 from sqlalchemy import select
 
 from db import open_database, session_scope
@@ -17,15 +16,6 @@ from v4.config import layer_kind, load_preset
 from tests.cli_run import invoke_tuner as tuner
 
 A2A = ["profile", "alltoall", "--model", "tiny", "--seq", "64", "--device", "cpu"]
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def stored(db: str) -> list[AlltoallProfile]:

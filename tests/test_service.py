@@ -1,8 +1,11 @@
 """The sweep service end to end on the CPU: queue -> serve (local Ray) -> DB -> export -> lookup.
 
-Sweeps run the real path: the ``tuner`` CLI in a subprocess, a local Ray with 2 CPUs,
-a device worker with its benchmarking child under ``TRITON_INTERPRET=1``, the SQL
-database, the exporter and ``kernels.tuning.resolve``.
+Sweeps run the real path: a local Ray with 2 CPUs, a device worker with its benchmarking
+child under ``TRITON_INTERPRET=1``, the SQL database, the exporter and
+``kernels.tuning.resolve``. The killed and the cancelled server are ``tuner serve``
+subprocesses with a Ray of their own, and two bad commands run in a real process; every
+other command runs in this process, its sweeps on one Ray for the module, since a CLI
+subprocess costs 8-10 s of imports and a Ray start 5 s more on the CI's 2 cores.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import yaml
 from sqlalchemy import select
 
 from db import Sweep, Trial, open_database, session_scope
+from kernels import tuning
 from tests.cli_run import invoke_tuner
 
 FAST_TIMING = {"warmup_ms": 1, "rep_ms": 5, "retime_rounds": 2, "retime_top": 3, "trial_timeout_s": 20,
@@ -42,19 +46,30 @@ def write_spec(tmp_path: Path, name: str, **spec) -> Path:
     return path
 
 
+def queued(db: str, spec: Path) -> int:
+    """Queue ``spec`` in-process; the sweep's id."""
+    code, out = invoke_tuner(db, "sweep", "queue", str(spec))
+    assert code == 0, out
+    return int(out)
+
+
 def trials_of(db: str, sweep_id: int) -> list[Trial]:
     with session_scope(open_database(db)) as session:
         return list(session.scalars(select(Trial).where(Trial.sweep_id == sweep_id).order_by(Trial.id)).all())
 
 
-def test_faulty_configs_are_recorded_and_the_sweep_completes(tmp_path, db_url):
+def test_faulty_configs_are_recorded_and_the_sweep_completes(tmp_path, db_url, local_ray, monkeypatch):
+    """Seed 6 measures the hang last: the fresh benchmarking child that follows the crash starts inside
+    the hang's timeout, and the one after the hang inside the re-timing's (two trials' timeouts), so a
+    trial's timeout can be short though starting a child takes about 3 s."""
     spec = write_spec(tmp_path, "faults.yaml", kernel="fault_probe", shapes=[{"n": 100}],
-                      strategy={"name": "grid", "seed": 1}, timing={**FAST_TIMING, "trial_timeout_s": 8})
-    proc = tuner("sweep", "run", str(spec), db=db_url)
-    assert "sweep 1: done" in proc.stdout
+                      strategy={"name": "grid", "seed": 6}, timing={**FAST_TIMING, "trial_timeout_s": 4})
+    code, out = invoke_tuner(db_url, "sweep", "run", str(spec))
+    assert code == 0 and "sweep 1: done" in out, out
     rows = trials_of(db_url, 1)
     by_mode = {(r.config["MODE"], r.config["BLOCK"]): r for r in rows}
     assert len(by_mode) == len(rows) == 8  # the whole 4x2 grid, each config once
+    assert [r.config["MODE"] for r in rows if r.status != "pruned"] == ["ok", "wrong", "ok", "crash", "hang"]
     assert by_mode[("crash", 16)].status == "crash" and "SIGSEGV" in by_mode[("crash", 16)].error
     assert by_mode[("hang", 16)].status == "timeout"
     assert by_mode[("wrong", 16)].status == "wrong" and "out of tolerance" in by_mode[("wrong", 16)].error
@@ -82,32 +97,38 @@ def test_faulty_configs_are_recorded_and_the_sweep_completes(tmp_path, db_url):
     exported = table["entries"]["fault_probe"]["n=100"]
     assert exported["config"] == winners[0].config and exported["trial_id"] == winners[0].id
 
-    lookup = subprocess.run(
-        [sys.executable, "-c", "from kernels.tuning import resolve; import json; print(json.dumps(resolve('fault_probe', {'n': 100})))"],
-        env={**os.environ, "TUNER_TABLES_DIR": str(out)}, capture_output=True, text=True, check=True)
-    config, source = json.loads(lookup.stdout)
-    assert source == "table" and config == winners[0].config
+    with monkeypatch.context() as patch:  # the run-time lookup reads the exported table
+        patch.setenv("TUNER_TABLES_DIR", str(out))
+        tuning.clear_cache()
+        try:
+            looked_up = tuning.resolve("fault_probe", {"n": 100})
+        finally:
+            tuning.clear_cache()
+    assert looked_up == (winners[0].config, "table")
 
-    # The same spec again: the times are answered from the database; the crash, the hang and the
-    # wrong output (the machine's state, or the tolerance, may have changed) are measured again.
-    tuner("sweep", "run", str(spec), db=db_url)
+    # The same spec again and a budget of one trial, queued together for one server. The first's times
+    # are answered from the database; the crash, the hang and the wrong output (the machine's state,
+    # or the tolerance, may have changed) are measured again. The second measures the kernel's
+    # heuristic default (random would pick it 1 time in 8).
+    one = write_spec(tmp_path, "one.yaml", kernel="fault_probe", shapes=[{"n": 100}],
+                     strategy={"name": "random", "seed": 3}, budget={"max_trials": 1}, timing=FAST_TIMING)
+    assert invoke_tuner(db_url, "sweep", "queue", str(spec), str(one)) == (0, "2\n3\n")
+    code, out = invoke_tuner(db_url, "serve", "--drain")
+    assert code == 0 and "sweep 2: done" in out and "sweep 3: done" in out, out
     again = trials_of(db_url, 2)
     assert {r.config["MODE"] for r in again if "reused_from" in r.metrics} == {"ok"}
     assert Counter(r.status for r in again) == Counter(r.status for r in rows)
-
-    # A budget of one trial measures the kernel's heuristic default (random would pick it 1 time in 8).
-    one = write_spec(tmp_path, "one.yaml", kernel="fault_probe", shapes=[{"n": 100}],
-                     strategy={"name": "random", "seed": 3}, budget={"max_trials": 1}, timing=FAST_TIMING)
-    tuner("sweep", "run", str(one), db=db_url)
     [measured] = [r for r in trials_of(db_url, 3) if r.status != "pruned"]
     assert measured.config == {"MODE": "ok", "BLOCK": 32}
 
 
-def test_killed_server_loses_nothing_and_reruns_nothing(tmp_path, db_url):
+def test_killed_server_loses_nothing_and_reruns_nothing(tmp_path, db_url, local_ray):
+    """Three slow configs (about 2.5 s each): the kill comes after the first, one is in flight and one
+    waits, and the restarted server measures only those two."""
     spec = write_spec(tmp_path, "slow.yaml", kernel="fault_probe", shapes=[{"n": 100}], space={"MODE": ["slow"],
-                      "BLOCK": [16, 32, 64, 128, 256]}, strategy={"name": "grid"},
+                      "BLOCK": [16, 32, 64]}, strategy={"name": "grid"},
                       timing={**FAST_TIMING, "rep_ms": 300, "retime_top": 1})
-    sweep_id = int(tuner("sweep", "queue", str(spec), db=db_url).stdout.strip())
+    sweep_id = queued(db_url, spec)
     env = {**os.environ, "TUNER_DB_URL": db_url, "RAY_ADDRESS": ""}
     server = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--drain"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -120,16 +141,16 @@ def test_killed_server_loses_nothing_and_reruns_nothing(tmp_path, db_url):
         os.killpg(server.pid, signal.SIGKILL)  # the server, its Ray and its workers, mid-sweep
         server.wait()
     before = trials_of(db_url, sweep_id)
-    assert 1 <= len(before) < 5
+    assert 1 <= len(before) < 3
     with session_scope(open_database(db_url)) as session:
         assert session.get(Sweep, sweep_id).status == "running"
 
-    proc = tuner("serve", "--drain", "--lease-seconds", "1", db=db_url)
-    assert f"sweep {sweep_id}: done" in proc.stdout
+    code, out = invoke_tuner(db_url, "serve", "--drain", "--lease-seconds", "1")  # the restarted server
+    assert code == 0 and f"sweep {sweep_id}: done" in out, out
     after = trials_of(db_url, sweep_id)
     assert [r.id for r in after[: len(before)]] == [r.id for r in before]  # nothing lost
     measured = Counter(r.identity for r in after if "reused_from" not in r.metrics)
-    assert len(measured) == 5 and max(measured.values()) == 1  # every config measured exactly once
+    assert len(measured) == 3 and max(measured.values()) == 1  # every config measured exactly once
     assert sum(r.is_winner for r in after) == 1
 
 
@@ -167,7 +188,9 @@ def test_several_specs_queue_together_or_not_at_all(tmp_path):
     assert proc.returncode == 2 and "bad.yaml" in proc.stderr and "unknown preset" in proc.stderr
     with session_scope(open_database(db)) as session:
         assert session.scalars(select(Sweep)).all() == []
-    ids = tuner("sweep", "queue", *good, db=db).stdout.split()
+    code, out = invoke_tuner(db, "sweep", "queue", *good)
+    assert code == 0, out
+    ids = out.split()
     with session_scope(open_database(db)) as session:
         assert sorted(s.id for s in session.scalars(select(Sweep))) == sorted(map(int, ids)) and len(ids) == 2
 
@@ -188,7 +211,7 @@ def test_cancel_stops_a_running_sweep(tmp_path, db_url):
     spec = write_spec(tmp_path, "slow.yaml", kernel="fault_probe", shapes=[{"n": 100}],
                       space={"MODE": ["slow"], "BLOCK": [16, 32, 64, 128, 256]}, strategy={"name": "grid"},
                       timing={**FAST_TIMING, "rep_ms": 300})
-    sweep_id = int(tuner("sweep", "queue", str(spec), db=db_url).stdout.strip())
+    sweep_id = queued(db_url, spec)
     env = {**os.environ, "TUNER_DB_URL": db_url, "RAY_ADDRESS": ""}
     server = subprocess.Popen([sys.executable, "-m", "tuner.cli", "serve", "--drain"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -201,8 +224,8 @@ def test_cancel_stops_a_running_sweep(tmp_path, db_url):
     out, _ = server.communicate(timeout=120)
     assert f"sweep {sweep_id}: cancelled" in out
     assert len(trials_of(db_url, sweep_id)) < 5  # it stopped before the grid was done
-    listing = tuner("sweep", "list", db=db_url).stdout
-    assert "fault_probe" in listing and "cancelled" in listing
+    code, listing = invoke_tuner(db_url, "sweep", "list")
+    assert code == 0 and "fault_probe" in listing and "cancelled" in listing
 
 
 def test_commands_in_one_process_each_reach_their_own_database(tmp_path):
