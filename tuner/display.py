@@ -44,8 +44,26 @@ def sweeps_table(sweeps: list[Sweep], counts: dict[int, Counter]) -> Table:
     return table
 
 
+def edges(best: dict[str, Any], measured: list[dict[str, Any]]) -> list[str]:
+    """``NAME=VALUE (least tried)`` or ``(most tried)`` for each tunable of which the ``measured``
+    configs took three or more numeric values and ``best`` the least or greatest: the optimum may lie
+    beyond what was tried, and the space be worth widening (as the indexer's selection warps were)."""
+    notes = []
+    for name, value in best.items():
+        tried = {c.get(name) for c in measured}
+        numbers = {v for v in tried if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if len(numbers) < 3 or value not in numbers or isinstance(value, bool):
+            continue
+        if value == min(numbers):
+            notes.append(f"{name}={value} (least tried)")
+        elif value == max(numbers):
+            notes.append(f"{name}={value} (most tried)")
+    return notes
+
+
 def status_table(sweep: Sweep, trials: list[Trial], budgets: dict[str, int]) -> Table:
-    table = Table("shape", "ok", "failed", "pruned", "remaining", "best ms", "best config",
+    """Per shape: trial counts, the best so far, and the tunables where it took an extreme of those measured."""
+    table = Table("shape", "ok", "failed", "pruned", "remaining", "best ms", "best config", "best at an edge",
                   title=f"sweep {sweep.id}: {sweep.kernel} on {sweep.arch} ({sweep.status})")
     for key, budget in budgets.items():
         rows = [t for t in trials if t.shape_key == key]
@@ -54,7 +72,8 @@ def status_table(sweep: Sweep, trials: list[Trial], budgets: dict[str, int]) -> 
         failed = len(rows) - len(ok) - pruned
         best = min(ok, key=lambda t: t.median_ms, default=None)
         table.add_row(key, str(len(ok)), str(failed), str(pruned), str(max(budget - len(ok) - failed, 0)),
-                      f"{best.median_ms:.4f}" if best else "-", compact(best.config) if best else "-")
+                      f"{best.median_ms:.4f}" if best else "-", compact(best.config) if best else "-",
+                      " ".join(edges(best.config, [t.config for t in ok])) or "-" if best else "-")
     return table
 
 

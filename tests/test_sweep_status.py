@@ -1,0 +1,31 @@
+"""`tuner sweep status`: where a shape's best sits at an edge of what its sweep measured."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from db import Sweep, Trial
+from tuner import display
+
+
+def test_edges_name_the_least_and_greatest_numeric_values_measured():
+    measured = [{"WARPS": w, "FLAG": w % 2, "ORDER": o, "maxnreg": r}
+                for w, o, r in ((1, "row", None), (2, "col", 128), (4, "tile", 168), (8, "row", 232))]
+    best = {"WARPS": 1, "FLAG": 1, "ORDER": "tile", "maxnreg": 232}
+    assert display.edges(best, measured) == ["WARPS=1 (least tried)", "maxnreg=232 (most tried)"]
+    assert display.edges({**best, "WARPS": 8, "maxnreg": None}, measured) == ["WARPS=8 (most tried)"]
+    # Two values (a switch), strings, a middle value: no hint; nor with fewer than three values measured.
+    assert display.edges({**best, "WARPS": 4, "maxnreg": 168}, measured) == []
+    assert display.edges(best, measured[:2]) == []
+
+
+def test_status_shows_where_each_shape_best_sits_at_an_edge():
+    sweep = Sweep(id=7, kernel="probe", arch="sm_90", status="done", spec={})
+    trials = [Trial(shape_key=key, status="ok", median_ms=ms, config={"WARPS": warps, "num_stages": 1})
+              for key, warps, ms in (("n=1", 1, 0.5), ("n=1", 2, 0.7), ("n=1", 4, 0.9),
+                                     ("n=2", 1, 0.8), ("n=2", 2, 0.4), ("n=2", 4, 0.6))]
+    console = Console(record=True, width=250)
+    console.print(display.status_table(sweep, trials, {"n=1": 3, "n=2": 3}))
+    lines = {line.split()[1]: line for line in console.export_text().splitlines() if "n=" in line}
+    assert "WARPS=1 (least tried)" in lines["n=1"]
+    assert "tried)" not in lines["n=2"]
