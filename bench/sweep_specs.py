@@ -16,7 +16,7 @@ Every sweep measures the kernel's heuristic default first (the runner enqueues i
 
 Usage: python bench/sweep_specs.py OUT_DIR [GROUP]  (gemm, memory, attention, tma,
 split-glue-tma-bwd, glue-4096, attention-bwd-transposed, attention-bwd-8192, indexer-key-tiles, glue-bwd-transposed,
-glue-bwd-transposed-wide or indexer-select;
+glue-bwd-transposed-wide, glue-bwd-slabs or indexer-select;
 default gemm and memory)
 """
 
@@ -180,9 +180,14 @@ GLUE_BWD_TRANSPOSED_WIDE_SPACE = {"BLOCK_N": [64], "BLOCK_K": [64, 128, 256], "S
                                   "maxnreg": [None]}
 
 
-def glue_bwd_transposed_wide_specs() -> list[tuple[str, dict]]:
-    body = glue_bwd_transposed_specs()[0][1] | {"space": GLUE_BWD_TRANSPOSED_WIDE_SPACE}
-    return [("mhc_glue_bwd-transposed-wide-grid", body)]
+# Fewer slabs for that winner: the wide grid's best took its least slab count (8) at every shape.
+GLUE_BWD_SLABS_SPACE = GLUE_BWD_TRANSPOSED_WIDE_SPACE | {"BLOCK_K": [64], "SLABS": [2, 4, 8], "num_warps": [4]}
+
+
+def glue_bwd_transposed_wide_specs(space: dict = GLUE_BWD_TRANSPOSED_WIDE_SPACE,
+                                   name: str = "transposed-wide") -> list[tuple[str, dict]]:
+    body = glue_bwd_transposed_specs()[0][1] | {"space": space}
+    return [(f"mhc_glue_bwd-{name}-grid", body)]
 
 
 # The indexer's selection (a third of its time, and slower in the tuned config than in the
@@ -220,6 +225,8 @@ def main() -> None:
         specs = glue_bwd_transposed_specs()
     elif group == "glue-bwd-transposed-wide":
         specs = glue_bwd_transposed_wide_specs()
+    elif group == "glue-bwd-slabs":
+        specs = glue_bwd_transposed_wide_specs(GLUE_BWD_SLABS_SPACE, "slabs")
     elif group == "indexer-select":
         specs = indexer_select_specs()
     elif group == "split-glue-tma-bwd":  # the 2026-12-01 follow-up: the split glue forward, TMA backward GEMMs
