@@ -118,11 +118,14 @@ def main() -> None:
         parser.error("--pre-fix-sweep needs --table")
     pre_fix = set(args.pre_fix_sweep)
     entries = json.loads(args.table.read_text())["entries"] if args.table else None
+    every_row = [row for path in args.results for row in json.loads(path.read_text())["rows"]]
+    unknown = sorted(set(args.skip_kernel) - {row["kernel"] for row in every_row})
+    if unknown:
+        parser.error(f"--skip-kernel: no rows of {unknown} in the result files")
     latest: dict[tuple[str, str], dict] = {}  # a later file's row replaces an earlier one's
-    for path in args.results:
-        for row in json.loads(path.read_text())["rows"]:
-            if row["kernel"] not in args.skip_kernel:
-                latest[row["kernel"], row["shape"]] = row
+    for row in every_row:
+        if row["kernel"] not in args.skip_kernel:
+            latest[row["kernel"], row["shape"]] = row
     rows = list(latest.values())
     gemms = [r for r in rows if r["flops"] and r["kernel"].startswith("expert_")]
     others = [r for r in rows if r not in gemms]

@@ -33,7 +33,7 @@ import triton.testing
 
 from expert_gemm_peers import peers  # a sibling script of this one
 from kernels import registry
-from sweep_specs import MEMORY_BOUND  # a sibling script
+from sweep_specs import graph_timed  # a sibling script
 from workers.bench_child import mismatch
 from workers.device_info import describe_device
 from workers.timing import measure_graph
@@ -86,7 +86,7 @@ def bench_shape(name: str, shape: dict[str, int], table: dict, ceiling_gbps: flo
     peer_fns, peer_errors = peers(name, inputs)
     variants.update(peer_fns if peer_fns else {"eager": lambda: kernel.reference(inputs)})
     bytes_moved = kernel.bytes_moved(shape)
-    memory_bound = name in MEMORY_BOUND or not kernel.flops
+    memory_bound = graph_timed(name)
     if memory_bound:
         # One device copy of the launch's bytes (half read, half written): what moving them costs at
         # this size, launch ramp and tail included, which the 4 GiB copy's bandwidth leaves out. An

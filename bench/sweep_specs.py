@@ -42,6 +42,12 @@ ATTENTION_TPE_TRIALS = 12
 GRID_SHAPE = {"batch": 1, "seq": 4096, "heads": 64, "ratio": 4, "topk": 512, "window": 128}  # Flash CSA
 
 
+def graph_timed(kernel: str) -> bool:
+    """Memory-bound launches and any without a FLOP count run for microseconds: their sweeps (and
+    benchmarks) time device time by CUDA-graph replay, not launch cost."""
+    return kernel in MEMORY_BOUND or registry.get(kernel).flops is None
+
+
 def spec(kernel: str, preset: str) -> dict:
     """Grid when every preset shape has at most GRID_LIMIT valid configs, else TPE."""
     space = load_space(kernel)
@@ -54,8 +60,8 @@ def spec(kernel: str, preset: str) -> dict:
         body["budget"] = {"max_trials": TPE_TRIALS["memory" if kernel in MEMORY_BOUND else "gemm"]}
     else:
         body["strategy"] = {"name": "grid"}
-    if kernel in MEMORY_BOUND or registry.get(kernel).flops is None:
-        body["timing"] = {"method": "cudagraph"}  # microsecond kernels: device time, not launch cost
+    if graph_timed(kernel):
+        body["timing"] = {"method": "cudagraph"}
     return body
 
 
@@ -184,8 +190,8 @@ GLUE_BWD_TRANSPOSED_WIDE_SPACE = {"BLOCK_N": [64], "BLOCK_K": [64, 128, 256], "S
 GLUE_BWD_SLABS_SPACE = GLUE_BWD_TRANSPOSED_WIDE_SPACE | {"BLOCK_K": [64], "SLABS": [2, 4, 8], "num_warps": [4]}
 
 
-def glue_bwd_transposed_wide_specs(space: dict = GLUE_BWD_TRANSPOSED_WIDE_SPACE,
-                                   name: str = "transposed-wide") -> list[tuple[str, dict]]:
+def glue_bwd_grid_specs(name: str, space: dict) -> list[tuple[str, dict]]:
+    """The glue-bwd-transposed grid's shapes and timing over another ``space``."""
     body = glue_bwd_transposed_specs()[0][1] | {"space": space}
     return [(f"mhc_glue_bwd-{name}-grid", body)]
 
@@ -224,9 +230,9 @@ def main() -> None:
     elif group == "glue-bwd-transposed":
         specs = glue_bwd_transposed_specs()
     elif group == "glue-bwd-transposed-wide":
-        specs = glue_bwd_transposed_wide_specs()
+        specs = glue_bwd_grid_specs("transposed-wide", GLUE_BWD_TRANSPOSED_WIDE_SPACE)
     elif group == "glue-bwd-slabs":
-        specs = glue_bwd_transposed_wide_specs(GLUE_BWD_SLABS_SPACE, "slabs")
+        specs = glue_bwd_grid_specs("slabs", GLUE_BWD_SLABS_SPACE)
     elif group == "indexer-select":
         specs = indexer_select_specs()
     elif group == "split-glue-tma-bwd":  # the 2026-12-01 follow-up: the split glue forward, TMA backward GEMMs
