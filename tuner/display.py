@@ -73,7 +73,7 @@ def status_table(sweep: Sweep, trials: list[Trial], budgets: dict[str, int]) -> 
         best = min(ok, key=lambda t: t.median_ms, default=None)
         table.add_row(key, str(len(ok)), str(failed), str(pruned), str(max(budget - len(ok) - failed, 0)),
                       f"{best.median_ms:.4f}" if best else "-", compact(best.config) if best else "-",
-                      " ".join(edges(best.config, [t.config for t in ok])) or "-" if best else "-")
+                      (" ".join(edges(best.config, [t.config for t in ok])) or "-") if best else "-")
     return table
 
 
