@@ -20,17 +20,17 @@ bf16 tensor cores (``_dot_split``): fp32 operands are split into bf16 high and l
 it is. The fp32 projection m and rstd are saved for the backward
 (100 bytes a token, next to 8D bytes of bf16 h).
 
-Glue backward, two launches. A token-local first pass turns the saved m and rstd and the gates'
+Glue backward, three launches. A token-local first pass turns the saved m and rstd and the gates'
 gradients into the projection's gradient d_proj (split into bf16 high and low parts, 128 bytes a
 token) and rstd's factor, and writes per-block sums for dbase and dscale. Then dh is token-local,
 but dfn sums over every token: the grid is (token slab, 4D chunk), and each program keeps one
 chunk of fn and of its dfn accumulator in registers and walks the tokens of its slab. Each chunk
 reads d_proj's two bf16 tiles a token; recomputing the gates in every chunk instead read four
 fp32 tiles a token, as many bytes as h's chunk at 16-token steps. It writes its fp32 piece of a
-``[slabs, 24, 4D]`` partial buffer that is summed afterwards, as rmsnorm does for dweight: the
-summation order is fixed for a config (deterministic), and ``SLABS`` bounds the buffer: 16 slabs
-write 9% of the bytes the kernel must move at 4096 tokens x 4096 hidden (2% at 16384), and the
-sum reads them once more.
+``[slabs, 24, 4D]`` partial buffer, as rmsnorm does for dweight: the summation order is fixed
+for a config (deterministic), and ``SLABS`` bounds the buffer: 16 slabs write 9% of the bytes
+the kernel must move at 4096 tokens x 4096 hidden (2% at 16384). A closing launch sums it,
+and the first pass's dbase and dscale rows, once.
 
 Collapse and expand: each program takes ``BLOCK_T`` tokens and walks D in ``BLOCK_D`` chunks.
 A stream is a ``[BLOCK_T, BLOCK_D]`` tile, and the four are combined by a static loop in
@@ -60,6 +60,8 @@ _BF16_BYTES = 2
 _FP32_BYTES = 4
 _BWD_GATES_TOKENS = 64  # tokens per program of the backward's token-local first pass (fixed: it is small)
 _SPLIT_FN_BLOCK = 4096  # fn elements per program of the split (fixed: a 1.5-2.6 MB elementwise pass)
+_SUMS_BLOCK = 1024  # dfn elements per program of the backward's closing sums (fixed: under 6 MB read)
+_SUMS_GATE_ROWS = 64  # token blocks' dbase / dscale rows a step of those sums reads
 _S = tl.constexpr(STREAMS)
 _LOGITS = tl.constexpr(_N_LOGITS)
 _LOGITS_PAD = tl.constexpr(_N_PAD)
@@ -300,6 +302,39 @@ def _glue_bwd_kernel(
 
 
 @triton.jit
+def _glue_bwd_sums_kernel(
+    dfn_partial_ptr, dgate_partial_ptr, dfn_ptr, dbase_ptr, dscale_ptr, slabs, gate_blocks, n_dfn,
+    BLOCK: tl.constexpr, GATE_ROWS: tl.constexpr,
+):
+    """The backward's closing sums in one launch, each in a fixed order (deterministic): dfn
+    over the slabs' partials, ``BLOCK`` entries a program, and in program 0 dbase and the three
+    dscale groups over the token blocks' ``[2, 32]`` rows. Six torch reductions did this before,
+    a fifth of the whole backward's device time at 4096 tokens x 4096 hidden (Nsight Compute,
+    2026-12-02)."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_dfn
+    dfn = tl.zeros([BLOCK], dtype=tl.float32)
+    for slab in range(slabs):
+        dfn += tl.load(dfn_partial_ptr + slab * n_dfn + offsets, mask=mask, other=0.0)
+    tl.store(dfn_ptr + offsets, dfn, mask=mask)
+    if tl.program_id(0) == 0:
+        logits = tl.arange(0, _LOGITS_PAD)
+        dbase = tl.zeros([_LOGITS_PAD], dtype=tl.float32)
+        dscale_cols = tl.zeros([_LOGITS_PAD], dtype=tl.float32)
+        for first in range(0, gate_blocks, GATE_ROWS):
+            rows = first + tl.arange(0, GATE_ROWS)
+            row_offsets = rows[:, None] * 2 * _LOGITS_PAD + logits[None, :]
+            row_mask = (rows < gate_blocks)[:, None]
+            dbase += tl.sum(tl.load(dgate_partial_ptr + row_offsets, mask=row_mask, other=0.0), axis=0)
+            dscale_cols += tl.sum(
+                tl.load(dgate_partial_ptr + _LOGITS_PAD + row_offsets, mask=row_mask, other=0.0), axis=0)
+        tl.store(dbase_ptr + logits, dbase, mask=logits < _LOGITS)
+        group = (logits >= 4).to(tl.int32) + (logits >= 8).to(tl.int32)  # pre, post, comb (_GROUPS)
+        for g in tl.static_range(3):
+            tl.store(dscale_ptr + g, tl.sum(tl.where((group == g) & (logits < _LOGITS), dscale_cols, 0.0)))
+
+
+@triton.jit
 def _split_fn_kernel(fn_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
@@ -391,9 +426,18 @@ def _glue_backward(
         config,
         compile_only,
     )
-    dbase, dscale_cols = dgate_partial.sum(0)[:, :_N_LOGITS]
-    dscale = torch.stack([dscale_cols[first:first + size].sum() for first, size in _GROUPS])
-    return dh, dfn_partial.sum(0), dbase, dscale
+    dfn = torch.empty(_N_LOGITS, width, dtype=torch.float32, device=h.device)
+    dbase = torch.empty(_N_LOGITS, dtype=torch.float32, device=h.device)
+    dscale = torch.empty(len(_GROUPS), dtype=torch.float32, device=h.device)
+    launch(
+        _glue_bwd_sums_kernel,
+        (triton.cdiv(dfn.numel(), _SUMS_BLOCK),),
+        (dfn_partial, dgate_partial, dfn, dbase, dscale, slabs, gate_blocks, dfn.numel()),
+        {"BLOCK": _SUMS_BLOCK, "GATE_ROWS": _SUMS_GATE_ROWS},
+        {"num_warps": 4},
+        compile_only,
+    )
+    return dh, dfn, dbase, dscale
 
 
 def _resolved(kernel: str, n_tokens: int, hidden: int) -> Config:

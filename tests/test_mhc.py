@@ -61,6 +61,7 @@ def _glue_problem(lead: tuple[int, ...], hidden: int, dtype: torch.dtype, seed: 
         ((37,), 96),  # tokens not a multiple of BLOCK_N, 4D = 384 not a multiple of BLOCK_K
         ((2, 5), 40),  # leading batch dims, 4D = 160
         ((1,), 7),  # one token, 4D = 28 narrower than one chunk
+        ((64 * 65 + 3,), 2),  # 66 first-pass token blocks: the closing sums take two ragged steps
     ],
 )
 def test_glue_forward_and_gradients_match_eager(lead, hidden, dtype):
