@@ -2,8 +2,8 @@
 ``bench/h200_ncu.sh`` writes (one per launch, beside its ``.launch.json``).
 
 Per kernel that takes at least 1% of its launch's time: duration; registers, shared memory and
-the resource that caps resident blocks; theoretical and achieved occupancy; issue-slot, tensor
-pipe, L1, L2 and DRAM utilisation; spill instructions; and the three largest warp-stall reasons
+the resource that caps resident blocks; theoretical and achieved occupancy; issue-slot
+utilisation and a warp's cycles per issued instruction; tensor pipe, L1, L2 and DRAM utilisation; spill instructions; and the three largest warp-stall reasons
 (cycles a warp spends stalled per issued instruction, the counters' own unit).
 
 Usage: python bench/ncu_summary.py NCU_DIR [OUT_MD]
@@ -20,10 +20,11 @@ from pathlib import Path
 MIN_SHARE = 0.01
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
 LIMITS = ("registers", "shared_mem", "warps", "blocks")
-METRICS = {  # column -> ncu metric (percentages of the peak)
+METRICS = {  # column -> ncu metric (percentages of the peak but for cycles/issue)
     "theor. occ %": "sm__maximum_warps_per_active_cycle_pct",
     "achieved occ %": "sm__warps_active.avg.pct_of_peak_sustained_active",
     "issue %": "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "cycles/issue": "smsp__average_warp_latency_per_inst_issued.ratio",  # a warp's, stalls included
     "tensor %": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
     "L1 %": "l1tex__throughput.avg.pct_of_peak_sustained_active",
     "L2 %": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
@@ -55,10 +56,13 @@ def kernel_rows(path: Path) -> list[dict[str, str]]:
     return rows
 
 
+MMA_FLOOR = 0.1  # % of the pipe's peak under which a kernel is taken to run no such MMAs (counter noise)
+
+
 def mma_kind(row: dict[str, str]) -> str:
     """Which tensor instructions ran: wgmma (gmma), mma.sync (hmma), both or none."""
-    gmma = number(row.get("sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active", "0")) > 0
-    hmma = number(row.get("sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active", "0")) > 0
+    gmma = number(row.get("sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active", "0")) > MMA_FLOOR
+    hmma = number(row.get("sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active", "0")) > MMA_FLOOR
     return {(True, True): "both", (True, False): "wgmma", (False, True): "mma.sync"}.get((gmma, hmma), "-")
 
 
@@ -88,7 +92,7 @@ def summary(folder: Path) -> str:
             us = number(row["gpu__time_duration.sum"])
             if us < MIN_SHARE * total:
                 continue
-            name = row["Kernel Name"].split("<")[0].split("(")[0].removeprefix("void ").strip()
+            name = re.split(r"[<(]", row["Kernel Name"].removeprefix("void ").replace("(anonymous namespace)::", "").replace("<unnamed>::", ""))[0]
             cells = [label, name, f"{us:.1f}", row["launch__registers_per_thread"],
                      f"{number(row['launch__shared_mem_per_block']):.1f}", block_limit(row),
                      *(f"{number(row[m]):.1f}" for m in METRICS.values()), mma_kind(row),
