@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 MIN_SHARE = 0.01
+DURATION = "gpu__time_duration.sum"
+US_PER = {"ns": 1e-3, "us": 1.0, "ms": 1e3}
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
 LIMITS = ("registers", "shared_mem", "warps", "blocks")
 METRICS = {  # column -> ncu metric (percentages of the peak but for cycles/issue)
@@ -41,17 +43,18 @@ def number(text: str) -> float:
 
 
 def kernel_rows(path: Path) -> list[dict[str, str]]:
-    """The CSV's kernels as {metric: cell}, in launch order (the second line holds units)."""
+    """The CSV's kernels as {metric: cell}, in launch order, durations in µs (ncu picks the
+    duration's unit per report; the second line holds the units)."""
     with path.open() as f:
         lines = list(csv.reader(f))
     header, units = lines[0], lines[1]
+    unit = units[header.index(DURATION)]
+    if unit not in US_PER:
+        raise ValueError(f"{path}: {DURATION} is in {unit!r}, not one of {sorted(US_PER)}")
     rows = []
     for cells in lines[2:]:
         row = dict(zip(header, cells))
-        if units[header.index("gpu__time_duration.sum")] == "ms":
-            row["gpu__time_duration.sum"] = str(number(row["gpu__time_duration.sum"]) * 1000)
-        elif units[header.index("gpu__time_duration.sum")] == "ns":
-            row["gpu__time_duration.sum"] = str(number(row["gpu__time_duration.sum"]) / 1000)
+        row[DURATION] = str(number(row[DURATION]) * US_PER[unit])
         rows.append(row)
     return rows
 
@@ -86,10 +89,10 @@ def summary(folder: Path) -> str:
     for path in sorted(folder.glob("*.csv")):
         launch = json.loads(path.with_suffix(".launch.json").read_text())
         rows = kernel_rows(path)
-        total = sum(number(r["gpu__time_duration.sum"]) for r in rows)
+        total = sum(number(r[DURATION]) for r in rows)
         label = f"{launch['kernel']} {launch['variant']} `{launch['shape']}`"
         for row in rows:
-            us = number(row["gpu__time_duration.sum"])
+            us = number(row[DURATION])
             if us < MIN_SHARE * total:
                 continue
             name = re.split(r"[<(]", row["Kernel Name"].removeprefix("void ").replace("(anonymous namespace)::", "").replace("<unnamed>::", ""))[0]
