@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute's hardware counters for the kernels of one call of each launch below (or of
-# the "KERNEL|SHAPE_KEY|default-or-tuned" lines of the file LAUNCHES), with the table TABLE
+# the "KERNEL|SHAPE_KEY|VARIANT" lines of the file LAUNCHES; VARIANT: default, tuned, or a JSON
+# config laid over the default, e.g. a sweep's loser, named "config" in the files), with the table TABLE
 # (default: the committed sm_90 one): occupancy, warp stalls, pipe and memory utilisation,
 # as one raw CSV and one details page per launch, packed into $OUT/ncu.tar.gz (the device tool
 # brings back 8 files at most; bench/ncu_summary.py reads the unpacked folder).
@@ -31,7 +32,8 @@ deadline=$(( $(date +%s) + ${NCU_SECONDS:-300} ))
 i=0
 while IFS='|' read -r kernel shape variant; do
   [ -z "$kernel" ] && continue
-  i=$((i + 1)); name=$(printf "%02d-%s-%s" "$i" "$kernel" "$variant")
+  i=$((i + 1)); case "$variant" in default|tuned) label=$variant ;; *) label=config ;; esac
+  name=$(printf "%02d-%s-%s" "$i" "$kernel" "$label")
   left=$(( deadline - $(date +%s) )); [ "$left" -le 5 ] && { echo "== out of time before $name"; break; }
   echo "== $(date -u +%T) $name: $shape"
   timeout -k 10 "$left" ncu --clock-control none --profile-from-start off $sections \

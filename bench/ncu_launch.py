@@ -6,7 +6,8 @@ utilisation) is then measured rather than guessed.
 The launch is warmed up (compiled, autotune-free) outside the range, so only the kernels of
 one call are profiled.
 
-Usage (on a GPU): python bench/ncu_launch.py TABLE_JSON KERNEL SHAPE_KEY default|tuned
+Usage (on a GPU): python bench/ncu_launch.py TABLE_JSON KERNEL SHAPE_KEY default|tuned|CONFIG_JSON
+(CONFIG_JSON: launch parameters laid over the default, e.g. a losing config of a sweep)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def main() -> None:
     parser.add_argument("table", type=Path)
     parser.add_argument("kernel")
     parser.add_argument("shape", help="a preset shape key, e.g. tokens=4096,hidden=4096")
-    parser.add_argument("variant", choices=("default", "tuned"))
+    parser.add_argument("variant", help="default, tuned, or a JSON object laid over the default")
     args = parser.parse_args()
     kernel = registry.get(args.kernel)
     shapes = {key: s for key, s in preset_shapes(kernel, list(kernel.presets)).items() if key == args.shape}
@@ -37,9 +38,15 @@ def main() -> None:
         sys.exit(f"shape: {args.shape!r} is no preset shape of {args.kernel}")
     shape = shapes[args.shape]
     entries = json.loads(args.table.read_text())["entries"].get(args.kernel, {})
-    configs = configs_at(kernel, shape, entries, None)
-    if args.variant not in configs:
-        sys.exit(f"variant: the table has no entry for {args.kernel} at {args.shape}")
+    if args.variant in ("default", "tuned"):
+        configs = configs_at(kernel, shape, entries, None)
+        if args.variant not in configs:
+            sys.exit(f"variant: the table has no entry for {args.kernel} at {args.shape}")
+    else:
+        try:
+            configs = configs_at(kernel, shape, entries, {args.variant: json.loads(args.variant)})
+        except (json.JSONDecodeError, TypeError) as error:
+            sys.exit(f"variant: neither default, tuned nor a JSON object of launch parameters ({error})")
     config = configs[args.variant]
     inputs = kernel.make_inputs(shape, torch.device("cuda"), 3)
     for _ in range(WARMUP):
