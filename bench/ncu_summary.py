@@ -3,8 +3,9 @@
 
 Per kernel that takes at least 1% of its launch's time: duration; registers, shared memory and
 the resource that caps resident blocks; theoretical and achieved occupancy; issue-slot
-utilisation and a warp's cycles per issued instruction; tensor pipe, L1, L2 and DRAM utilisation; spill instructions; and the three largest warp-stall reasons
-(cycles a warp spends stalled per issued instruction, the counters' own unit).
+utilisation and a warp's cycles per issued instruction; tensor pipe, L1, L2 and DRAM
+utilisation; spill instructions; and the three largest warp-stall reasons (cycles a warp spends
+stalled per issued instruction, the counters' own unit).
 
 Usage: python bench/ncu_summary.py NCU_DIR [OUT_MD]
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 MIN_SHARE = 0.01
 DURATION = "gpu__time_duration.sum"
 US_PER = {"ns": 1e-3, "us": 1.0, "ms": 1e3}
+MMA_FLOOR = 0.1  # % of the pipe's peak under which a kernel is taken to run no such MMAs (counter noise)
 STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
 LIMITS = ("registers", "shared_mem", "warps", "blocks")
 METRICS = {  # column -> ncu metric (percentages of the peak but for cycles/issue)
@@ -57,9 +59,6 @@ def kernel_rows(path: Path) -> list[dict[str, str]]:
         row[DURATION] = str(number(row[DURATION]) * US_PER[unit])
         rows.append(row)
     return rows
-
-
-MMA_FLOOR = 0.1  # % of the pipe's peak under which a kernel is taken to run no such MMAs (counter noise)
 
 
 def mma_kind(row: dict[str, str]) -> str:
