@@ -14,16 +14,15 @@ same shapes, swept once.
 
 Every sweep measures the kernel's heuristic default first (the runner enqueues it).
 
-Usage: python bench/sweep_specs.py OUT_DIR [GROUP]  (gemm, memory, attention, tma,
-split-glue-tma-bwd, glue-4096, attention-bwd-transposed, attention-bwd-8192, indexer-key-tiles, glue-bwd-transposed,
-glue-bwd-transposed-wide, glue-bwd-slabs or indexer-select;
-default gemm and memory)
+Usage: python bench/sweep_specs.py OUT_DIR [GROUP]  (a name of ``SPEC_GROUPS`` at the end, e.g. gemm,
+memory, attention or glue-bwd-slabs; default gemm and memory)
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -34,8 +33,7 @@ MEMORY_BOUND = ("mhc_glue_fwd", "mhc_glue_bwd", "mhc_collapse_fwd", "mhc_collaps
                 "mhc_expand_bwd", "rope_fwd", "rope_bwd", "router_fwd", "router_bwd", "router_hash_fwd")
 EXPERT_GEMMS = ("expert_up_fwd", "expert_down_fwd", "expert_down_bwd_dx", "expert_up_bwd_dx",
                 "expert_down_bwd_dw", "expert_up_bwd_dw")
-ATTENTION = ("sparse_attn_fwd", "sparse_attn_bwd", "compressor_fwd", "compressor_bwd", "indexer_fwd")
-GROUPS = {"gemm": EXPERT_GEMMS, "memory": MEMORY_BOUND, "attention": ATTENTION}
+PRESETS = ("v4-flash", "v4-pro")
 GRID_LIMIT = 24
 TPE_TRIALS = {"memory": 16, "gemm": 20}
 ATTENTION_TPE_TRIALS = 12
@@ -46,6 +44,26 @@ def graph_timed(kernel: str) -> bool:
     """Memory-bound launches and any without a FLOP count run for microseconds: their sweeps (and
     benchmarks) time device time by CUDA-graph replay, not launch cost."""
     return kernel in MEMORY_BOUND or registry.get(kernel).flops is None
+
+
+def shapes_of(kernel: str, seq: int | None = None) -> list[dict]:
+    """The kernel's Flash and Pro preset shapes (those at sequence ``seq`` if given)."""
+    return [s for p in PRESETS for s in registry.get(kernel).presets[p] if seq is None or s["seq"] == seq]
+
+
+def grid_spec(kernel: str, shapes: list[dict], space: dict | None = None) -> dict:
+    """An exhaustive sweep of ``space`` (default: the kernel's own), graph-timed where ``graph_timed``."""
+    body: dict = {"kernel": kernel, "shapes": shapes, "arch": "sm_90"}
+    if space is not None:
+        body["space"] = space
+    body["strategy"] = {"name": "grid"}
+    if graph_timed(kernel):
+        body["timing"] = {"method": "cudagraph"}
+    return body
+
+
+def per_preset_specs(kernels: tuple[str, ...]) -> list[tuple[str, dict]]:
+    return [(f"{k}-{p}", spec(k, p)) for k in kernels for p in PRESETS]
 
 
 def spec(kernel: str, preset: str) -> dict:
@@ -70,16 +88,15 @@ def attention_specs() -> list[tuple[str, dict]]:
     def tpe(kernel: str, shapes: list[dict]) -> dict:
         body = {"kernel": kernel, "shapes": shapes, "arch": "sm_90", "strategy": {"name": "tpe", "seed": 0},
                 "budget": {"max_trials": ATTENTION_TPE_TRIALS}}
-        if registry.get(kernel).flops is None:  # the compressor's microsecond launches: device time
+        if graph_timed(kernel):  # the compressor's microsecond launches: device time
             body["timing"] = {"method": "cudagraph"}
         return body
 
-    def preset_shapes(kernel: str, seq: int, presets: tuple[str, ...] = ("v4-flash", "v4-pro")) -> list[dict]:
+    def preset_shapes(kernel: str, seq: int, presets: tuple[str, ...] = PRESETS) -> list[dict]:
         shapes = [s for p in presets for s in registry.get(kernel).presets[p] if s["seq"] == seq]
         return [s for s in shapes if s != GRID_SHAPE]
 
-    specs = [(f"{k}-grid", {"kernel": k, "shapes": [GRID_SHAPE], "arch": "sm_90", "strategy": {"name": "grid"}})
-             for k in ("sparse_attn_fwd", "sparse_attn_bwd")]
+    specs = [(f"{k}-grid", grid_spec(k, [GRID_SHAPE])) for k in ("sparse_attn_fwd", "sparse_attn_bwd")]
     for seq in (4096, 8192):
         specs += [(f"{k}-{seq}", tpe(k, preset_shapes(k, seq))) for k in ("sparse_attn_fwd", "sparse_attn_bwd")]
         specs += [(f"{k}-{seq}", tpe(k, preset_shapes(k, seq, ("v4-flash",)))) for k in ("compressor_fwd", "compressor_bwd")]
@@ -111,10 +128,8 @@ def tma_specs(spaces: dict[str, dict], ep8_only: bool = False) -> list[tuple[str
     ``ep8_only``, those with fewer than 64 local experts)."""
     specs = []
     for kernel, space in spaces.items():
-        shapes = [s for p in ("v4-flash", "v4-pro") for s in registry.get(kernel).presets[p]
-                  if s["skew"] == 0 and (s["experts"] < 64 or not ep8_only)]
-        specs.append((f"{kernel}-tma", {"kernel": kernel, "shapes": shapes, "arch": "sm_90", "space": space,
-                                        "strategy": {"name": "grid"}}))
+        shapes = [s for s in shapes_of(kernel) if s["skew"] == 0 and (s["experts"] < 64 or not ep8_only)]
+        specs.append((f"{kernel}-tma", grid_spec(kernel, shapes, space)))
     return specs
 
 
@@ -126,9 +141,7 @@ GLUE_4096_SPACE = {"BLOCK_N": [32, 64], "BLOCK_K": [64, 128], "SPLIT_K": [4, 8, 
 
 def glue_4096_specs() -> list[tuple[str, dict]]:
     shapes = [{"tokens": 4096, "hidden": hidden} for hidden in (4096, 7168)]
-    return [("mhc_glue_fwd-4096-grid", {"kernel": "mhc_glue_fwd", "shapes": shapes, "arch": "sm_90",
-                                        "space": GLUE_4096_SPACE, "strategy": {"name": "grid"},
-                                        "timing": {"method": "cudagraph"}})]
+    return [("mhc_glue_fwd-4096-grid", grid_spec("mhc_glue_fwd", shapes, GLUE_4096_SPACE))]
 
 
 # The sparse-attention backward with its entry gradient transposed (wgmma at any head count; 64-head
@@ -140,11 +153,8 @@ ATTENTION_BWD_TRANSPOSED_SPACE = {"BLOCK_H": [32, 64], "TILE_K": [16, 32], "DE_T
 
 def attention_bwd_transposed_specs(seq: int = 4096, space: dict = ATTENTION_BWD_TRANSPOSED_SPACE
                                    ) -> list[tuple[str, dict]]:
-    shapes = [s for p in ("v4-flash", "v4-pro") for s in registry.get("sparse_attn_bwd").presets[p]
-              if s["seq"] == seq]
-    return [(f"sparse_attn_bwd-transposed-grid-{seq}", {"kernel": "sparse_attn_bwd", "shapes": shapes,
-                                                        "arch": "sm_90", "space": space,
-                                                        "strategy": {"name": "grid"}})]
+    return [(f"sparse_attn_bwd-transposed-grid-{seq}", grid_spec("sparse_attn_bwd", shapes_of("sparse_attn_bwd", seq),
+                                                                 space))]
 
 
 # The same at sequence 8,192 (four of its six shapes had no table entry), at the two stages the
@@ -161,9 +171,8 @@ INDEXER_KEY_TILES_SPACE = {"BLOCK_S": [16, 64], "BLOCK_H": [1, 4], "BLOCK_T": [1
 
 
 def indexer_key_tiles_specs() -> list[tuple[str, dict]]:
-    shapes = [s for p in ("v4-flash", "v4-pro") for s in registry.get("indexer_fwd").presets[p] if s["seq"] == 4096]
-    return [("indexer_fwd-key-tiles-grid", {"kernel": "indexer_fwd", "shapes": shapes, "arch": "sm_90",
-                                            "space": INDEXER_KEY_TILES_SPACE, "strategy": {"name": "grid"}})]
+    return [("indexer_fwd-key-tiles-grid", grid_spec("indexer_fwd", shapes_of("indexer_fwd", 4096),
+                                                     INDEXER_KEY_TILES_SPACE))]
 
 
 # The glue backward with dfn accumulated transposed (wgmma at 64-token steps) against the form it
@@ -173,10 +182,8 @@ GLUE_BWD_TRANSPOSED_SPACE = {"BLOCK_N": [16, 64], "BLOCK_K": [64, 128, 256], "SL
 
 
 def glue_bwd_transposed_specs() -> list[tuple[str, dict]]:
-    shapes = [s for p in ("v4-flash", "v4-pro") for s in registry.get("mhc_glue_bwd").presets[p]]
-    return [("mhc_glue_bwd-transposed-grid", {"kernel": "mhc_glue_bwd", "shapes": shapes, "arch": "sm_90",
-                                              "space": GLUE_BWD_TRANSPOSED_SPACE, "strategy": {"name": "grid"},
-                                              "timing": {"method": "cudagraph"}})]
+    return [("mhc_glue_bwd-transposed-grid", grid_spec("mhc_glue_bwd", shapes_of("mhc_glue_bwd"),
+                                                       GLUE_BWD_TRANSPOSED_SPACE))]
 
 
 # The glue backward's transposed form (the 2026-12-01 H200 grid's winner at every shape, 1.47-1.71x
@@ -191,9 +198,8 @@ GLUE_BWD_SLABS_SPACE = GLUE_BWD_TRANSPOSED_WIDE_SPACE | {"BLOCK_K": [64], "SLABS
 
 
 def glue_bwd_grid_specs(name: str, space: dict) -> list[tuple[str, dict]]:
-    """The glue-bwd-transposed grid's shapes and timing over another ``space``."""
-    body = glue_bwd_transposed_specs()[0][1] | {"space": space}
-    return [(f"mhc_glue_bwd-{name}-grid", body)]
+    """The glue-bwd-transposed grid's shapes over another ``space``."""
+    return [(f"mhc_glue_bwd-{name}-grid", grid_spec("mhc_glue_bwd", shapes_of("mhc_glue_bwd"), space))]
 
 
 # The indexer's selection (a third of its time, and slower in the tuned config than in the
@@ -206,41 +212,37 @@ INDEXER_SELECT_SPACE = {"BLOCK_S": [16], "BLOCK_H": [4], "BLOCK_T": [256], "KEY_
 
 
 def indexer_select_specs() -> list[tuple[str, dict]]:
-    shapes = [s for p in ("v4-flash", "v4-pro") for s in registry.get("indexer_fwd").presets[p]]
-    return [("indexer_fwd-select-grid", {"kernel": "indexer_fwd", "shapes": shapes, "arch": "sm_90",
-                                         "space": INDEXER_SELECT_SPACE, "strategy": {"name": "grid"}})]
+    return [("indexer_fwd-select-grid", grid_spec("indexer_fwd", shapes_of("indexer_fwd"), INDEXER_SELECT_SPACE))]
+
+
+SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
+    "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
+    "memory": lambda: per_preset_specs(MEMORY_BOUND),
+    "attention": attention_specs,
+    "tma": lambda: tma_specs(TMA_SPACES),
+    # the 2026-12-01 follow-up: the split glue forward, TMA backward GEMMs
+    "split-glue-tma-bwd": lambda: per_preset_specs(("mhc_glue_fwd",)) + tma_specs(TMA_BWD_SPACES, ep8_only=True),
+    "glue-4096": glue_4096_specs,
+    "attention-bwd-transposed": attention_bwd_transposed_specs,
+    "attention-bwd-8192": lambda: attention_bwd_transposed_specs(8192, ATTENTION_BWD_8192_SPACE),
+    "indexer-key-tiles": indexer_key_tiles_specs,
+    "glue-bwd-transposed": glue_bwd_transposed_specs,
+    "glue-bwd-transposed-wide": lambda: glue_bwd_grid_specs("transposed-wide", GLUE_BWD_TRANSPOSED_WIDE_SPACE),
+    "glue-bwd-slabs": lambda: glue_bwd_grid_specs("slabs", GLUE_BWD_SLABS_SPACE),
+    "indexer-select": indexer_select_specs,
+}
 
 
 def main() -> None:
+    if len(sys.argv) not in (2, 3):
+        sys.exit(__doc__.split("Usage: ")[1])
     out = Path(sys.argv[1])
-    out.mkdir(parents=True, exist_ok=True)
     group = sys.argv[2] if len(sys.argv) > 2 else None
-    if group == "attention":
-        specs = attention_specs()
-    elif group == "tma":
-        specs = tma_specs(TMA_SPACES)
-    elif group == "glue-4096":
-        specs = glue_4096_specs()
-    elif group == "attention-bwd-transposed":
-        specs = attention_bwd_transposed_specs()
-    elif group == "attention-bwd-8192":
-        specs = attention_bwd_transposed_specs(8192, ATTENTION_BWD_8192_SPACE)
-    elif group == "indexer-key-tiles":
-        specs = indexer_key_tiles_specs()
-    elif group == "glue-bwd-transposed":
-        specs = glue_bwd_transposed_specs()
-    elif group == "glue-bwd-transposed-wide":
-        specs = glue_bwd_grid_specs("transposed-wide", GLUE_BWD_TRANSPOSED_WIDE_SPACE)
-    elif group == "glue-bwd-slabs":
-        specs = glue_bwd_grid_specs("slabs", GLUE_BWD_SLABS_SPACE)
-    elif group == "indexer-select":
-        specs = indexer_select_specs()
-    elif group == "split-glue-tma-bwd":  # the 2026-12-01 follow-up: the split glue forward, TMA backward GEMMs
-        specs = [(f"mhc_glue_fwd-{p}", spec("mhc_glue_fwd", p)) for p in ("v4-flash", "v4-pro")]
-        specs += tma_specs(TMA_BWD_SPACES, ep8_only=True)
-    else:
-        kernels = GROUPS[group] if group else (*EXPERT_GEMMS, *MEMORY_BOUND)  # GEMMs first
-        specs = [(f"{k}-{p}", spec(k, p)) for k in kernels for p in ("v4-flash", "v4-pro")]
+    if group is not None and group not in SPEC_GROUPS:
+        print(f"GROUP: no group {group!r}; the groups are {', '.join(SPEC_GROUPS)}", file=sys.stderr)
+        sys.exit(2)
+    specs = SPEC_GROUPS[group]() if group else per_preset_specs((*EXPERT_GEMMS, *MEMORY_BOUND))  # GEMMs first
+    out.mkdir(parents=True, exist_ok=True)
     for n, (name, body) in enumerate(specs, 1):
         (out / f"{n:02d}-{name}.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
     print(f"wrote {len(specs)} specs to {out}")
