@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -32,21 +31,24 @@ def main() -> None:
     parser.add_argument("shape", help="a preset shape key, e.g. tokens=4096,hidden=4096")
     parser.add_argument("variant", help="default, tuned, or a JSON object laid over the default")
     args = parser.parse_args()
-    kernel = registry.get(args.kernel)
+    try:
+        kernel = registry.get(args.kernel)
+        entries = json.loads(args.table.read_text())["entries"].get(args.kernel, {})
+    except (KeyError, OSError, ValueError) as error:
+        parser.error(f"kernel or table: {error}")
     shapes = {key: s for key, s in preset_shapes(kernel, list(kernel.presets)).items() if key == args.shape}
     if not shapes:
-        sys.exit(f"shape: {args.shape!r} is no preset shape of {args.kernel}")
+        parser.error(f"shape: {args.shape!r} is no preset shape of {args.kernel}")
     shape = shapes[args.shape]
-    entries = json.loads(args.table.read_text())["entries"].get(args.kernel, {})
     if args.variant in ("default", "tuned"):
         configs = configs_at(kernel, shape, entries, None)
         if args.variant not in configs:
-            sys.exit(f"variant: the table has no entry for {args.kernel} at {args.shape}")
+            parser.error(f"variant: the table has no entry for {args.kernel} at {args.shape}")
     else:
         try:
             configs = configs_at(kernel, shape, entries, {args.variant: json.loads(args.variant)})
         except (json.JSONDecodeError, TypeError) as error:
-            sys.exit(f"variant: neither default, tuned nor a JSON object of launch parameters ({error})")
+            parser.error(f"variant: neither default, tuned nor a JSON object of launch parameters ({error})")
     config = configs[args.variant]
     inputs = kernel.make_inputs(shape, torch.device("cuda"), 3)
     for _ in range(WARMUP):

@@ -105,8 +105,13 @@ def summary(folder: Path) -> str:
 
 def main() -> None:
     if len(sys.argv) not in (2, 3):
-        sys.exit(__doc__.split("Usage: ")[1])
-    text = summary(Path(sys.argv[1]))
+        print(__doc__.split("Usage: ")[1], file=sys.stderr, end="")
+        sys.exit(2)
+    try:
+        text = summary(Path(sys.argv[1]))
+    except (OSError, ValueError, KeyError) as error:  # a missing .launch.json, an unknown unit, a CSV without a metric
+        print(f"NCU_DIR: {error}", file=sys.stderr)
+        sys.exit(2)
     if len(sys.argv) == 3:
         Path(sys.argv[2]).write_text(text)
     print(text)

@@ -235,7 +235,8 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
 
 def main() -> None:
     if len(sys.argv) not in (2, 3):
-        sys.exit(__doc__.split("Usage: ")[1])
+        print(__doc__.split("Usage: ")[1], file=sys.stderr, end="")
+        sys.exit(2)
     out = Path(sys.argv[1])
     group = sys.argv[2] if len(sys.argv) > 2 else None
     if group is not None and group not in SPEC_GROUPS:
