@@ -1,11 +1,13 @@
 """``bench/ncu_summary.py`` over committed Nsight Compute CSVs of the 2026-12-02 H200 run: the
 figures the write-up cites come out of the raw counters, durations in either of ncu's units, and
-kernels under 1% of their launch are left out."""
+kernels under 1% of their launch are left out; and ``bench/ncu_launch.py``'s refusal of bad input."""
 
 from __future__ import annotations
 
 import csv
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,14 @@ def test_unknown_duration_unit_is_refused(tmp_path):
         csv.writer(f).writerows(lines)
     with pytest.raises(ValueError, match="gpu__time_duration.sum"):
         kernel_rows(bad)
+
+
+@pytest.mark.parametrize(("kernel", "shape", "variant", "reason"), [
+    ("no_such_kernel", "n=1", "tuned", "unknown kernel"),
+    ("mhc_glue_fwd", "tokens=4096,hidden=4096", "{BLOCK_N: 32", "neither default, tuned nor a JSON object"),
+])
+def test_ncu_launch_refuses_bad_input_before_touching_a_gpu(kernel, shape, variant, reason):
+    """``bench/ncu_launch.py`` (run under ncu on the H200) names the bad argument and exits 2."""
+    proc = subprocess.run([sys.executable, "bench/ncu_launch.py", "kernels/tables/sm_90.json", kernel, shape, variant],
+                          cwd=RESULTS.parents[2], capture_output=True, text=True)
+    assert proc.returncode == 2 and reason in proc.stderr and "Traceback" not in proc.stderr
