@@ -215,6 +215,23 @@ def indexer_select_specs() -> list[tuple[str, dict]]:
     return [("indexer_fwd-select-grid", grid_spec("indexer_fwd", shapes_of("indexer_fwd"), INDEXER_SELECT_SPACE))]
 
 
+# The indexer after its selection moved to uint32 keys with an early stop (fewer instructions per
+# pass, about half the passes): the scoring over the tilings that decide how many (query, head)
+# rows a dot takes and how many programs share an SM, the selection held at its sequence-4,096
+# winner (its scores do not depend on topk, so both 4,096 shapes see the same scoring); then the
+# selection again at every indexer shape, the scoring held at its tuned tiling.
+INDEXER_SCORING_SPACE = {"BLOCK_S": [16, 32, 64], "BLOCK_H": [1, 2, 4], "BLOCK_T": [128, 256], "KEY_TILES": [1, 2],
+                         "num_warps": [4, 8], "num_stages": [2], "SELECT_ROWS": [1], "SELECT_WARPS": [1],
+                         "maxnreg": [None]}
+INDEXER_UINT32_SELECT_SPACE = INDEXER_SELECT_SPACE | {"SELECT_ROWS": [1, 2, 4], "SELECT_WARPS": [1, 2, 4, 8]}
+
+
+def indexer_scoring_and_select_specs() -> list[tuple[str, dict]]:
+    return [("indexer_fwd-scoring-grid", grid_spec("indexer_fwd", shapes_of("indexer_fwd", 4096), INDEXER_SCORING_SPACE)),
+            ("indexer_fwd-uint32-select-grid", grid_spec("indexer_fwd", shapes_of("indexer_fwd"),
+                                                         INDEXER_UINT32_SELECT_SPACE))]
+
+
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
     "memory": lambda: per_preset_specs(MEMORY_BOUND),
@@ -230,6 +247,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "glue-bwd-transposed-wide": lambda: glue_bwd_grid_specs("transposed-wide", GLUE_BWD_TRANSPOSED_WIDE_SPACE),
     "glue-bwd-slabs": lambda: glue_bwd_grid_specs("slabs", GLUE_BWD_SLABS_SPACE),
     "indexer-select": indexer_select_specs,
+    "indexer-scoring-and-select": indexer_scoring_and_select_specs,
 }
 
 

@@ -26,9 +26,11 @@ Two launches, tuned together as ``indexer_fwd``:
   indices; only visible scores are stored, into a fp32 ``[B, S, S // r]`` buffer (the
   rest is never written or read).
 * Selection, in Triton. A program holds ``SELECT_ROWS`` score rows (``next_pow2(S // r)``
-  values each) in registers, maps every score to an order-preserving int32 key (-0.0 and
-  +0.0 as one) and finds the k-th largest key exactly by a 32-step bisection of counts;
-  the entries above it and, of those equal to it, the lowest indices fill the k slots,
+  values each) in registers, maps every score to an order-preserving uint32 key (-0.0 and
+  +0.0 as one) and finds the k-th largest key exactly, a bit at a time from the top (at
+  most 32 counting passes; a row stops once exactly k keys lie at or above its threshold,
+  so the passes depend on how close its scores are); the entries above it and, of those
+  equal to it, the lowest indices fill the k slots,
   compacted by prefix sums. So ties go to the lower index, and the output lists each
   query's picks in ascending index order (not by score). Queries with fewer than topk
   visible entries take all of them, padded with index -1 (score -inf).
@@ -136,19 +138,26 @@ def _select_kernel(
     keys = tl.arange(0, KEYS_PAD)
     valid = keys[None, :] < n_visible[:, None]
     x = tl.load(scores_ptr + rows[:, None] * n_keys + keys[None, :], mask=valid, other=0.0)
-    # Order-preserving int32 keys: flip the magnitude bits of negatives; -0.0 joins +0.0.
+    # Order-preserving uint32 keys (negatives' bits all flipped, the others' sign bit set; -0.0
+    # joins +0.0); masked-out scores take key 0, below every candidate threshold.
     bits = x.to(tl.int32, bitcast=True)
-    order = tl.where(x == 0.0, 0, bits ^ ((bits >> 31) & 0x7FFFFFFF))
-    # The largest threshold with at least `want` keys at or above it is the want-th largest key.
-    lo = tl.full([SELECT_ROWS], -2147483648, tl.int64)
-    hi = tl.full([SELECT_ROWS], 2147483647, tl.int64)
-    for _ in range(32):
-        mid = lo + (hi - lo + 1) // 2
-        enough = tl.sum((valid & (order >= mid[:, None])).to(tl.int32), axis=1) >= want
-        lo = tl.where(enough, mid, lo)
-        hi = tl.where(enough, hi, mid - 1)
-    above = valid & (order > lo[:, None])
-    at = valid & (order == lo[:, None])
+    flipped = tl.where(x == 0.0, -2147483648, bits ^ ((bits >> 31) | -2147483648))
+    order = tl.where(valid, flipped, 0).to(tl.uint32, bitcast=True)
+    # The want-th largest key, a bit at a time from the top: the threshold takes a bit when at
+    # least `want` keys lie at or above it with the bit set. A row is done once exactly `want`
+    # keys lie at or above its threshold (those are its picks); the loop ends when every row is.
+    thr = tl.zeros([SELECT_ROWS], tl.uint32)
+    at_or_above = n_visible
+    bit = 31
+    while (bit >= 0) & (tl.max((at_or_above != want).to(tl.int32), axis=0) > 0):
+        candidate = thr | (tl.full([SELECT_ROWS], 1, tl.uint32) << bit)
+        n = tl.sum((order >= candidate[:, None]).to(tl.int32), axis=1)
+        enough = n >= want
+        thr = tl.where(enough, candidate, thr)
+        at_or_above = tl.where(enough, n, at_or_above)
+        bit -= 1
+    above = valid & (order > thr[:, None])
+    at = valid & (order == thr[:, None])
     room = want - tl.sum(above.to(tl.int32), axis=1)
     chosen = above | (at & (tl.cumsum(at.to(tl.int32), axis=1) <= room[:, None]))
     slots = rows[:, None] * topk + tl.cumsum(chosen.to(tl.int32), axis=1) - 1
@@ -279,7 +288,9 @@ def _make_inputs(shape: Shape, device: torch.device, seed: int) -> Inputs:
 
     Their scores are integers below 2**24, exact in fp32 whatever the summation order, so
     the sweep's element-wise check can demand the reference's indices exactly, tie rule
-    included (integer scores tie often). Timing does not depend on the values.
+    included (integer scores tie often). The scoring's time does not depend on the values; the
+    selection's passes do, and these rows take about as many as Gaussian ones
+    (``bench/indexer_select_passes.py``).
     """
     gen = torch.Generator().manual_seed(seed)
     batch, seq = shape["batch"], shape["seq"]

@@ -116,6 +116,25 @@ def test_selection_matches_a_stable_sort_on_tied_rows(topk):
     assert torch.equal(indices, ref_indices) and torch.equal(scores, ref_scores)
 
 
+@pytest.mark.parametrize("select_rows", [1, 4])
+def test_selection_matches_a_stable_sort_across_the_float_range(select_rows):
+    """Scores of both signs from subnormal to 1e38, some repeated: the threshold search takes
+    every one of the 32 key bits (high ones set apart the signs and exponents, low ones the
+    near-equal values), and rows that finish early wait in a program with rows that do not."""
+    gen = torch.Generator().manual_seed(select_rows)
+    magnitude = torch.exp2(torch.randint(-140, 127, (2, 96, 24), generator=gen).float())
+    values = magnitude * (1 + torch.rand(2, 96, 24, generator=gen)) * (torch.randint(0, 2, (2, 96, 24), generator=gen) * 2 - 1)
+    values[:, ::3, :8] = values[:, ::3, 8:16]  # repeated values, ties at the k-th place
+    values[:, 1::5, 5] = torch.nextafter(values[:, 1::5, 6], torch.tensor(float("inf")))  # one ulp apart
+    rows = values.to(DEVICE)
+    config = {**registry.get("indexer_fwd").default_config({"batch": 2, "seq": 96, "topk": 7}),
+              "SELECT_ROWS": select_rows}
+    indices, scores = indexer._select(rows, 7, 4, config)
+    hidden = torch.arange(24, device=DEVICE) >= _visible(96, 24, 4)[:, None]
+    ref_indices, ref_scores = select_topk_reference(rows.masked_fill(hidden, -float("inf")), 7)
+    assert torch.equal(indices, ref_indices) and torch.equal(scores, ref_scores)
+
+
 def test_outputs_carry_no_gradient():
     q, k, w = _gaussian(1, 16, 4, 16, 4, seed=0)
     indices, scores = indexer_topk(q.requires_grad_(), k.requires_grad_(), w.requires_grad_(), 2)
