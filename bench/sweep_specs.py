@@ -232,6 +232,24 @@ def indexer_scoring_and_select_specs() -> list[tuple[str, dict]]:
                                                          INDEXER_UINT32_SELECT_SPACE))]
 
 
+# The scoring with its heads summed once per key tile (LATE_HEAD_SUM: 252 against 570 sm_90
+# instructions per head block of the tuned tiling, offline) over the tilings it makes affordable,
+# beside the incumbent (the tuned configs of 2026-12-02, the per-block sum), the selection held at
+# each sequence's winner, at every indexer shape (one key tile a program: the 2026-12-02 grid's
+# best took it at every tiling).
+INDEXER_LATE_SUM_SPACE = {"BLOCK_S": [8, 16, 32], "BLOCK_H": [2, 4, 8], "BLOCK_T": [64, 128, 256], "KEY_TILES": [1],
+                          "LATE_HEAD_SUM": [1], "num_warps": [4, 8], "num_stages": [2], "maxnreg": [None]}
+INDEXER_INCUMBENT_SPACE = {"BLOCK_S": [16], "BLOCK_H": [4], "BLOCK_T": [256], "KEY_TILES": [1], "LATE_HEAD_SUM": [0],
+                           "num_warps": [8], "num_stages": [2], "maxnreg": [None]}
+INDEXER_SELECT_WINNER = {4096: {"SELECT_ROWS": [1], "SELECT_WARPS": [2]}, 8192: {"SELECT_ROWS": [1], "SELECT_WARPS": [4]}}
+
+
+def indexer_late_sum_specs() -> list[tuple[str, dict]]:
+    return [(f"indexer_fwd-{name}-grid-{seq}", grid_spec("indexer_fwd", shapes_of("indexer_fwd", seq), space | select))
+            for seq, select in INDEXER_SELECT_WINNER.items()
+            for name, space in (("incumbent", INDEXER_INCUMBENT_SPACE), ("late-sum", INDEXER_LATE_SUM_SPACE))]
+
+
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
     "memory": lambda: per_preset_specs(MEMORY_BOUND),
@@ -248,6 +266,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "glue-bwd-slabs": lambda: glue_bwd_grid_specs("slabs", GLUE_BWD_SLABS_SPACE),
     "indexer-select": indexer_select_specs,
     "indexer-scoring-and-select": indexer_scoring_and_select_specs,
+    "indexer-late-sum": indexer_late_sum_specs,
 }
 
 

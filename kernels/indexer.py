@@ -85,7 +85,7 @@ def _mma(a, b, UPCAST: tl.constexpr):
 def _score_kernel(
     q_ptr, k_ptr, w_ptr, scores_ptr, seq, n_keys, heads, dim, ratio,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, KEY_TILES: tl.constexpr,
-    DIM_PAD: tl.constexpr, UPCAST: tl.constexpr,
+    LATE_HEAD_SUM: tl.constexpr, DIM_PAD: tl.constexpr, UPCAST: tl.constexpr,
 ):
     query_blocks = tl.cdiv(seq, BLOCK_S)
     batch = tl.program_id(0) // query_blocks
@@ -108,7 +108,9 @@ def _score_kernel(
         k = tl.load(k_ptr + (batch * n_keys + keys).to(tl.int64)[:, None] * dim + dims[None, :],
                     mask=(keys < end)[:, None] & dim_mask[None, :], other=0.0)
         k = tl.trans(k)
-        acc = tl.zeros([BLOCK_S, BLOCK_T], dtype=tl.float32)
+        # LATE_HEAD_SUM keeps a (query, head) row accumulator over the head loop and sums its heads
+        # once per key tile: BLOCK_H times the registers, none of the cross-lane sums per head block.
+        acc = tl.zeros([BLOCK_S * BLOCK_H if LATE_HEAD_SUM else BLOCK_S, BLOCK_T], dtype=tl.float32)
         for h0 in range(0, heads, BLOCK_H):
             head = h0 + row_head
             row_mask = (row_query < seq) & (head < heads)
@@ -117,10 +119,12 @@ def _score_kernel(
                         other=0.0)
             w = tl.load(w_ptr + q_rows, mask=row_mask, other=0.0).to(tl.float32)
             part = tl.maximum(_mma(q, k, UPCAST), 0.0) * w[:, None]
-            if BLOCK_H == 1:
+            if BLOCK_H == 1 or LATE_HEAD_SUM:
                 acc += part
             else:
                 acc += tl.sum(tl.reshape(part, [BLOCK_S, BLOCK_H, BLOCK_T]), axis=1)
+        if LATE_HEAD_SUM and BLOCK_H > 1:
+            acc = tl.sum(tl.reshape(acc, [BLOCK_S, BLOCK_H, BLOCK_T]), axis=1)
         tl.store(scores_ptr + (batch * seq + queries).to(tl.int64)[:, None] * n_keys + keys[None, :], acc,
                  mask=(queries < seq)[:, None] & (keys[None, :] < visible[:, None]))
 
@@ -176,14 +180,14 @@ def _score_rows(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ratio: int, c
     batch, seq, heads, dim = q.shape
     n_keys = k.shape[1]
     rows = torch.empty(batch, seq, n_keys, dtype=torch.float32, device=q.device)
-    key_tiles = config.get("KEY_TILES", 0)  # configs tuned before it existed lack it
+    key_tiles = config.get("KEY_TILES", 0)  # configs tuned before KEY_TILES or LATE_HEAD_SUM existed lack them
     key_groups = triton.cdiv(triton.cdiv(n_keys, config["BLOCK_T"]), key_tiles) if key_tiles else 1
     launch(
         _score_kernel,
         (batch * triton.cdiv(seq, config["BLOCK_S"]), max(1, key_groups)),
         (q, k, w, rows, seq, n_keys, heads, dim, ratio),
         {"BLOCK_S": config["BLOCK_S"], "BLOCK_H": config["BLOCK_H"], "BLOCK_T": config["BLOCK_T"],
-         "KEY_TILES": key_tiles, "DIM_PAD": max(16, triton.next_power_of_2(dim)),
+         "KEY_TILES": key_tiles, "LATE_HEAD_SUM": config.get("LATE_HEAD_SUM", 0), "DIM_PAD": max(16, triton.next_power_of_2(dim)),
          "UPCAST": current_arch() == INTERPRETER_ARCH},
         config,
         compile_only,
@@ -339,8 +343,8 @@ def _default_config(shape: Shape) -> Config:
     """16 queries x 4 heads (64-row dots) against 128-entry tiles over 4 warps; selection of about
     2048 keys per program (one S = 8192 row, two S = 4096 rows) over 4 warps."""
     keys_pad = triton.next_power_of_2(max(1, shape["seq"] // INDEX_RATIO))
-    return {"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": min(128, max(16, keys_pad)), "KEY_TILES": 0, "num_warps": 4,
-            "num_stages": 2,
+    return {"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": min(128, max(16, keys_pad)), "KEY_TILES": 0, "LATE_HEAD_SUM": 0,
+            "num_warps": 4, "num_stages": 2,
             "SELECT_ROWS": min(16, max(1, 2048 // keys_pad), triton.next_power_of_2(shape["batch"] * shape["seq"])),
             "SELECT_WARPS": 4}
 

@@ -143,15 +143,30 @@ def test_outputs_carry_no_gradient():
 
 CONFIGS = [
     # One head per dot (no head reshape), two key tiles at seq 70.
-    {"BLOCK_S": 16, "BLOCK_H": 1, "BLOCK_T": 16, "KEY_TILES": 0, "num_warps": 4, "num_stages": 1, "SELECT_ROWS": 4,
-     "SELECT_WARPS": 2},
+    {"BLOCK_S": 16, "BLOCK_H": 1, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 1,
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2},
     # 8 heads per dot; query blocks taller than seq 37 and 48 (one stage: sm_90's shared memory).
-    {"BLOCK_S": 64, "BLOCK_H": 8, "BLOCK_T": 16, "KEY_TILES": 0, "num_warps": 8, "num_stages": 1, "SELECT_ROWS": 16,
-     "SELECT_WARPS": 8},
+    {"BLOCK_S": 64, "BLOCK_H": 8, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 8, "num_stages": 1,
+     "SELECT_ROWS": 16, "SELECT_WARPS": 8},
     # One key tile a program (the key range as a grid axis).
-    {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 1, "num_warps": 4, "num_stages": 2, "SELECT_ROWS": 8,
-     "SELECT_WARPS": 4},
+    {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
+     "SELECT_ROWS": 8, "SELECT_WARPS": 4},
+    # The heads summed once per key tile, over two key tiles at seq 70.
+    {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
+     "SELECT_ROWS": 2, "SELECT_WARPS": 1},
 ]
+
+
+@pytest.mark.parametrize("late_head_sum", [0, 1])
+def test_scores_match_eager_with_heads_summed_per_block_or_per_tile(late_head_sum):
+    """Gaussian inputs, 6 heads in dots of 4 (the second block ragged), a 3-token tail."""
+    q, k, w = _gaussian(2, 43, 6, 32, 4, seed=9)
+    config = {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": late_head_sum,
+              "num_warps": 4, "num_stages": 1}
+    scores = indexer._score_rows(q, k, w, 4, config)
+    reference = index_scores_reference(q, k, w, 4)
+    visible = reference > -float("inf")
+    torch.testing.assert_close(scores[visible], reference[visible], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("config", CONFIGS)
