@@ -250,6 +250,18 @@ def indexer_late_sum_specs() -> list[tuple[str, dict]]:
             for name, space in (("incumbent", INDEXER_INCUMBENT_SPACE), ("late-sum", INDEXER_LATE_SUM_SPACE))]
 
 
+# The forward's lazy rescaling (RESCALE_SLACK 8: the accumulator's BLOCK_H x 512 multiply only
+# when some head's max grows by more than 8 log2 units) against rescaling every tile, over the
+# tile lengths and stages of the tuned configs, at the six sequence-4,096 shapes.
+ATTENTION_FWD_LAZY_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "num_warps": [8], "num_stages": [1, 2],
+                            "RESCALE_SLACK": [0, 8], "maxnreg": [None]}
+
+
+def attention_fwd_lazy_specs() -> list[tuple[str, dict]]:
+    return [("sparse_attn_fwd-lazy-rescale-grid", grid_spec("sparse_attn_fwd", shapes_of("sparse_attn_fwd", 4096),
+                                                            ATTENTION_FWD_LAZY_SPACE))]
+
+
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
     "memory": lambda: per_preset_specs(MEMORY_BOUND),
@@ -267,6 +279,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-select": indexer_select_specs,
     "indexer-scoring-and-select": indexer_scoring_and_select_specs,
     "indexer-late-sum": indexer_late_sum_specs,
+    "attention-fwd-lazy": attention_fwd_lazy_specs,
 }
 
 

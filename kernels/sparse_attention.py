@@ -150,17 +150,33 @@ def _gather_entries(kv_ptr, kvc_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv
 
 
 @triton.jit
-def _attend_tile(q, e, valid, m, denom, acc, qk_scale):
+def _attend_tile(q, e, valid, m, denom, acc, qk_scale, RESCALE_SLACK: tl.constexpr):
     """One entry tile ``e`` (rows ``valid``) of the forward's online softmax: the new log2-domain
-    running max, denominator and ``[BLOCK_H, 512]`` fp32 accumulator of the block's heads."""
+    running max, denominator and ``[BLOCK_H, 512]`` fp32 accumulator of the block's heads.
+
+    RESCALE_SLACK > 0 rescales lazily (FlashAttention-4's trick): the running max, and with it
+    the accumulator and denominator, move only once some head's tile max exceeds it by more than
+    that many log2 units, so most tiles skip the ``BLOCK_H x 512`` multiply; until then P stays
+    below ``2**RESCALE_SLACK``, which bf16 and the fp32 sums hold exactly as well.
+    """
     logits = tl.dot(q, tl.trans(e)) * qk_scale
     logits = tl.where(valid[None, :], logits, float("-inf"))
     m_new = tl.maximum(m, tl.max(logits, axis=1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(logits - m_new[:, None])
-    denom = denom * alpha + tl.sum(p, axis=1)
-    acc = tl.dot(p.to(tl.bfloat16).to(e.dtype), e, acc * alpha[:, None])
-    return m_new, denom, acc
+    if RESCALE_SLACK > 0:
+        if tl.max(m_new - m, axis=0) > RESCALE_SLACK:
+            alpha = tl.exp2(m - m_new)
+            acc = acc * alpha[:, None]
+            denom = denom * alpha
+            m = m_new
+    else:
+        alpha = tl.exp2(m - m_new)
+        acc = acc * alpha[:, None]
+        denom = denom * alpha
+        m = m_new
+    p = tl.exp2(logits - m[:, None])
+    denom += tl.sum(p, axis=1)
+    acc = tl.dot(p.to(tl.bfloat16).to(e.dtype), e, acc)
+    return m, denom, acc
 
 
 @triton.jit
@@ -181,7 +197,8 @@ def _head_offsets(b, s, S, H, heads):
 def _sparse_attn_fwd_kernel(
     q_ptr, kv_ptr, kvc_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr,
     S, H, SC, TOPK, WINDOW, qk_scale,
-    RATIO: tl.constexpr, BLOCK_H: tl.constexpr, TILE_K: tl.constexpr, UPCAST: tl.constexpr,
+    RATIO: tl.constexpr, BLOCK_H: tl.constexpr, TILE_K: tl.constexpr, RESCALE_SLACK: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     s = tl.program_id(0)
     b = tl.program_id(2)
@@ -199,7 +216,7 @@ def _sparse_attn_fwd_kernel(
     for p0 in range(0, n_pos, TILE_K):
         e, valid, _ = _gather_entries(kv_ptr, kvc_ptr, idx_ptr, p0 + tl.arange(0, TILE_K), s, b, S, SC, TOPK,
                                       WINDOW, 0, n_pos, RATIO, UPCAST)
-        m, denom, acc = _attend_tile(q, e, valid, m, denom, acc, qk_scale)
+        m, denom, acc = _attend_tile(q, e, valid, m, denom, acc, qk_scale, RESCALE_SLACK)
     tl.store(o_ptr + offsets, (acc / denom[:, None]).to(o_ptr.dtype.element_ty), mask=h_mask[:, None])
     tl.store(lse_ptr + (b * S + s).to(tl.int64) * H + heads, (m + tl.log2(denom)) * _LN2_C, mask=h_mask)
 
@@ -330,7 +347,8 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
         (seq, triton.cdiv(heads, config["BLOCK_H"]), batch),
         (q, kv, kv if kvc is None else kvc, kv if indices is None else indices, sink, o, lse,
          seq, heads, n_comp, topk, window, SOFTMAX_SCALE * _LOG2E),
-        {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "UPCAST": _interpreted()},
+        {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"],
+         "RESCALE_SLACK": config.get("RESCALE_SLACK", 0), "UPCAST": _interpreted()},
         config,
         compile_only,
     )
@@ -695,11 +713,12 @@ def _reference_bwd(inputs: Inputs) -> tuple[Tensor, ...]:
 
 def _default_fwd_config(shape: Shape) -> Config:
     """Up to 64 heads a program (one block for V4-Flash) on eight warps, which hold the 64 x 512
-    fp32 accumulator at 128 registers a thread; 32-entry tiles, 16 for queries of fewer entries."""
+    fp32 accumulator at 128 registers a thread; 32-entry tiles, 16 for queries of fewer entries;
+    the accumulator rescaled every tile."""
     block_h = min(64, max(16, triton.next_power_of_2(shape["heads"])))
     entries = _max_entries(shape["ratio"], shape["seq"], shape["topk"], shape["window"])
     return {"BLOCK_H": block_h, "TILE_K": 32 if entries > 16 else 16, "num_warps": 8 if block_h == 64 else 4,
-            "num_stages": 2}
+            "num_stages": 2, "RESCALE_SLACK": 0}
 
 
 def _default_bwd_config(shape: Shape) -> Config:

@@ -87,6 +87,23 @@ def test_window_cuts_entries_off():
     _close(o, weight[..., None] * p["kv"].float()[:, :, None])
 
 
+@pytest.mark.parametrize("slack", [0, 1, 8])
+@pytest.mark.parametrize(("ratio", "topk", "window"), [(0, 0, 40), (sparse_attention.CSA_RATIO, 20, 24)],
+                         ids=["window", "csa"])
+def test_lazy_rescaling_matches_eager(slack, ratio, topk, window):
+    """Logits spread over tens of log2 units (q scaled up 12 times) across three 16-entry tiles, so
+    that the running max both outgrows the slack (a rescale) and stays within it (none)."""
+    p = _problem(2, 120, 3, ratio, topk, window, seed=11)
+    q = (p["q"].float() * 12).to(torch.bfloat16)
+    config = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "RESCALE_SLACK": slack}
+    o, lse = sparse_attention._forward(q, p["kv"], p.get("kv_compressed"), p.get("indices"), p["sink"], ratio, window,
+                                       config)
+    o_ref, lse_ref = sparse_attention._reference(q, p["kv"], p["sink"], ratio, p.get("kv_compressed"),
+                                                 p.get("indices"), window)
+    _close(o, o_ref)
+    torch.testing.assert_close(lse, lse_ref, rtol=1e-4, atol=1e-3)
+
+
 # (The small presets' defaults, 16 or 32 heads and entries a tile, run in the parity tests above.)
 FWD_CONFIGS = [
     {"BLOCK_H": 32, "TILE_K": 32, "num_warps": 8, "num_stages": 2},  # the CSA preset only
