@@ -257,9 +257,15 @@ ATTENTION_FWD_LAZY_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "num_warps": [8
                             "RESCALE_SLACK": [0, 8], "maxnreg": [None]}
 
 
-def attention_fwd_lazy_specs() -> list[tuple[str, dict]]:
-    return [("sparse_attn_fwd-lazy-rescale-grid", grid_spec("sparse_attn_fwd", shapes_of("sparse_attn_fwd", 4096),
-                                                            ATTENTION_FWD_LAZY_SPACE))]
+def attention_fwd_grid_specs(name: str, seq: int, space: dict) -> list[tuple[str, dict]]:
+    return [(f"sparse_attn_fwd-{name}-grid-{seq}", grid_spec("sparse_attn_fwd", shapes_of("sparse_attn_fwd", seq),
+                                                             space))]
+
+
+# That grid's result (2026-12-02, sequence 4,096): lazy rescaling lost at every shape, and the
+# winners were 64-entry tiles (two stages at the window shapes, one at CSA) that the earlier TPE
+# sweeps had not tried there. The same tiles without it at sequence 8,192.
+ATTENTION_FWD_TILES_SPACE = ATTENTION_FWD_LAZY_SPACE | {"RESCALE_SLACK": [0]}
 
 
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
@@ -279,7 +285,8 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-select": indexer_select_specs,
     "indexer-scoring-and-select": indexer_scoring_and_select_specs,
     "indexer-late-sum": indexer_late_sum_specs,
-    "attention-fwd-lazy": attention_fwd_lazy_specs,
+    "attention-fwd-lazy": lambda: attention_fwd_grid_specs("lazy-rescale", 4096, ATTENTION_FWD_LAZY_SPACE),
+    "attention-fwd-8192-tiles": lambda: attention_fwd_grid_specs("tiles", 8192, ATTENTION_FWD_TILES_SPACE),
 }
 
 
