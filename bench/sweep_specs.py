@@ -266,6 +266,15 @@ def attention_fwd_grid_specs(name: str, seq: int, space: dict) -> list[tuple[str
 # winners were 64-entry tiles (two stages at the window shapes, one at CSA) that the earlier TPE
 # sweeps had not tried there. The same tiles without it at sequence 8,192.
 ATTENTION_FWD_TILES_SPACE = ATTENTION_FWD_LAZY_SPACE | {"RESCALE_SLACK": [0]}
+# The HCA forward, the one layer type whose default no sweep has beaten at sequence 4,096: head
+# blocks, tile lengths, warps and a third stage, at its four shapes.
+ATTENTION_FWD_HCA_SPACE = {"BLOCK_H": [32, 64], "TILE_K": [16, 32, 64], "num_warps": [4, 8], "num_stages": [2, 3],
+                           "RESCALE_SLACK": [0], "maxnreg": [None]}
+
+
+def attention_fwd_hca_specs() -> list[tuple[str, dict]]:
+    shapes = [s for s in shapes_of("sparse_attn_fwd") if s["ratio"] == 128]
+    return [("sparse_attn_fwd-hca-grid", grid_spec("sparse_attn_fwd", shapes, ATTENTION_FWD_HCA_SPACE))]
 
 
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
@@ -287,6 +296,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-late-sum": indexer_late_sum_specs,
     "attention-fwd-lazy": lambda: attention_fwd_grid_specs("lazy-rescale", 4096, ATTENTION_FWD_LAZY_SPACE),
     "attention-fwd-8192-tiles": lambda: attention_fwd_grid_specs("tiles", 8192, ATTENTION_FWD_TILES_SPACE),
+    "attention-fwd-hca": attention_fwd_hca_specs,
 }
 
 
