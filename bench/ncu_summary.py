@@ -82,6 +82,12 @@ def top_stalls(row: dict[str, str], count: int = 3) -> str:
     return ", ".join(f"{name} {value:.1f}" for name, value in best)
 
 
+def kernel_name(row: dict[str, str]) -> str:
+    """The kernel's function name, without its namespace, template and argument list."""
+    name = row["Kernel Name"].removeprefix("void ").replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
+    return re.split(r"[<(]", name)[0]
+
+
 def summary(folder: Path) -> str:
     head = ["launch", "kernel", "µs", "regs", "smem KB", "blocks/SM (cap)", *METRICS, "MMA", "spill inst", "top stalls"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -94,8 +100,7 @@ def summary(folder: Path) -> str:
             us = number(row[DURATION])
             if us < MIN_SHARE * total:
                 continue
-            name = re.split(r"[<(]", row["Kernel Name"].removeprefix("void ").replace("(anonymous namespace)::", "").replace("<unnamed>::", ""))[0]
-            cells = [label, name, f"{us:.1f}", row["launch__registers_per_thread"],
+            cells = [label, kernel_name(row), f"{us:.1f}", row["launch__registers_per_thread"],
                      f"{number(row['launch__shared_mem_per_block']):.1f}", block_limit(row),
                      *(f"{number(row[m]):.1f}" for m in METRICS.values()), mma_kind(row),
                      f"{number(row['sass__inst_executed_register_spilling']):,.0f}", top_stalls(row)]
