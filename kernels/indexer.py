@@ -22,7 +22,10 @@ Two launches, tuned together as ``indexer_fwd``:
   causal length on 132 SMs). Per key tile it loops over the heads ``BLOCK_H`` at a
   time: one ``tl.dot`` of the ``[BLOCK_S * BLOCK_H, D]`` (query, head) rows against the
   tile, ReLU and the w weighting in registers, and a sum over the heads into a
-  ``[BLOCK_S, BLOCK_T]`` fp32 accumulator. The causal mask is computed inline from the
+  ``[BLOCK_S, BLOCK_T]`` fp32 accumulator; or, with ``LATE_HEAD_SUM``, into a
+  ``[BLOCK_S * BLOCK_H, BLOCK_T]`` one whose heads are summed once per key tile (no
+  cross-lane sums in the head loop, for BLOCK_H times the registers; the H200 sweeps of
+  2026-12-02 chose it at every shape). The causal mask is computed inline from the
   indices; only visible scores are stored, into a fp32 ``[B, S, S // r]`` buffer (the
   rest is never written or read).
 * Selection, in Triton. A program holds ``SELECT_ROWS`` score rows (``next_pow2(S // r)``

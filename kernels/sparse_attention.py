@@ -20,6 +20,8 @@ an online softmax in fp32 (exp2, log2 domain) whose running max and denominator 
 (so the sink is folded in, and a tile with every entry masked cannot make a NaN), acc += P @ E.
 Window, compressed and mixed tiles go through the same loop: each row of a tile picks its pointer
 from kv or kv_compressed. It saves the natural-log LSE (sink included) for the backward.
+``RESCALE_SLACK`` > 0 rescales the accumulator lazily (see ``_attend_tile``; it lost at every
+shape of the 2026-12-02 H200 sweep, and the default rescales every tile).
 
 Backward (``sparse_attn_bwd``): the same programs recompute P = exp(l - LSE), then
 dP = dO @ E^T, dS = P (dP - rowsum(dO * O)), dq = scale dS @ E, and each tile's entry gradient
