@@ -50,10 +50,12 @@ def _indexer_rows(path: Path) -> dict[str, dict]:
 
 
 def indexer_bench(results: Path) -> list[str]:
-    runs = [("before", _indexer_rows(BEFORE / "bench-run-2.json")), ("call 1", _indexer_rows(results / "bench-run-1.json")),
+    runs = [("before", _indexer_rows(BEFORE / "bench-run-2.json")),
+            ("call 1", _indexer_rows(results / "bench-run-1.json")),
             ("call 2", _indexer_rows(results / "bench-run-2.json"))]
     lines = ["### indexer_fwd bench, ms (default / tuned, each pair from one run)", "",
-             "| shape | " + " | ".join(f"{name} default | {name} tuned" for name, _ in runs) + " | tuned, before / call 2 |",
+             "| shape | " + " | ".join(f"{name} default | {name} tuned" for name, _ in runs)
+             + " | tuned, before / call 2 |",
              "|---|" + "---|---|" * len(runs) + "---|"]
     for shape in runs[0][1]:
         cells = " | ".join(f"{rows[shape]['ms']['default']:.4f} | {rows[shape]['ms']['tuned']:.4f}" for _, rows in runs)

@@ -227,7 +227,8 @@ INDEXER_UINT32_SELECT_SPACE = INDEXER_SELECT_SPACE | {"SELECT_ROWS": [1, 2, 4], 
 
 
 def indexer_scoring_and_select_specs() -> list[tuple[str, dict]]:
-    return [("indexer_fwd-scoring-grid", grid_spec("indexer_fwd", shapes_of("indexer_fwd", 4096), INDEXER_SCORING_SPACE)),
+    return [("indexer_fwd-scoring-grid", grid_spec("indexer_fwd", shapes_of("indexer_fwd", 4096),
+                                                   INDEXER_SCORING_SPACE)),
             ("indexer_fwd-uint32-select-grid", grid_spec("indexer_fwd", shapes_of("indexer_fwd"),
                                                          INDEXER_UINT32_SELECT_SPACE))]
 
@@ -241,7 +242,8 @@ INDEXER_LATE_SUM_SPACE = {"BLOCK_S": [8, 16, 32], "BLOCK_H": [2, 4, 8], "BLOCK_T
                           "LATE_HEAD_SUM": [1], "num_warps": [4, 8], "num_stages": [2], "maxnreg": [None]}
 INDEXER_INCUMBENT_SPACE = {"BLOCK_S": [16], "BLOCK_H": [4], "BLOCK_T": [256], "KEY_TILES": [1], "LATE_HEAD_SUM": [0],
                            "num_warps": [8], "num_stages": [2], "maxnreg": [None]}
-INDEXER_SELECT_WINNER = {4096: {"SELECT_ROWS": [1], "SELECT_WARPS": [2]}, 8192: {"SELECT_ROWS": [1], "SELECT_WARPS": [4]}}
+INDEXER_SELECT_WINNER = {4096: {"SELECT_ROWS": [1], "SELECT_WARPS": [2]},
+                         8192: {"SELECT_ROWS": [1], "SELECT_WARPS": [4]}}
 
 
 def indexer_late_sum_specs() -> list[tuple[str, dict]]:

@@ -123,7 +123,8 @@ def test_selection_matches_a_stable_sort_across_the_float_range(select_rows):
     near-equal values), and rows that finish early wait in a program with rows that do not."""
     gen = torch.Generator().manual_seed(select_rows)
     magnitude = torch.exp2(torch.randint(-140, 127, (2, 96, 24), generator=gen).float())
-    values = magnitude * (1 + torch.rand(2, 96, 24, generator=gen)) * (torch.randint(0, 2, (2, 96, 24), generator=gen) * 2 - 1)
+    sign = torch.randint(0, 2, (2, 96, 24), generator=gen) * 2 - 1
+    values = magnitude * (1 + torch.rand(2, 96, 24, generator=gen)) * sign
     values[:, ::3, :8] = values[:, ::3, 8:16]  # repeated values, ties at the k-th place
     values[:, 1::5, 5] = torch.nextafter(values[:, 1::5, 6], torch.tensor(float("inf")))  # one ulp apart
     rows = values.to(DEVICE)
