@@ -46,9 +46,9 @@ def graph_timed(kernel: str) -> bool:
     return kernel in MEMORY_BOUND or registry.get(kernel).flops is None
 
 
-def shapes_of(kernel: str, seq: int | None = None) -> list[dict]:
-    """The kernel's Flash and Pro preset shapes (those at sequence ``seq`` if given)."""
-    return [s for p in PRESETS for s in registry.get(kernel).presets[p] if seq is None or s["seq"] == seq]
+def shapes_of(kernel: str, seq: int | None = None, presets: tuple[str, ...] = PRESETS) -> list[dict]:
+    """The kernel's shapes of ``presets`` (Flash and Pro), those at sequence ``seq`` if given."""
+    return [s for p in presets for s in registry.get(kernel).presets[p] if seq is None or s["seq"] == seq]
 
 
 def grid_spec(kernel: str, shapes: list[dict], space: dict | None = None) -> dict:
@@ -93,8 +93,7 @@ def attention_specs() -> list[tuple[str, dict]]:
         return body
 
     def preset_shapes(kernel: str, seq: int, presets: tuple[str, ...] = PRESETS) -> list[dict]:
-        shapes = [s for p in presets for s in registry.get(kernel).presets[p] if s["seq"] == seq]
-        return [s for s in shapes if s != GRID_SHAPE]
+        return [s for s in shapes_of(kernel, seq, presets) if s != GRID_SHAPE]
 
     specs = [(f"{k}-grid", grid_spec(k, [GRID_SHAPE])) for k in ("sparse_attn_fwd", "sparse_attn_bwd")]
     for seq in (4096, 8192):
