@@ -4,8 +4,9 @@ The benchmark write-ups name what bounds a kernel; this script reads it from the
 of guessing: for each launch and preset shape asked, it runs the heuristic default and the table's
 config once (or the configs of ``--configs``) and records, for every Triton kernel those runs
 launched, registers per thread, spilled bytes, shared memory, ``num_warps``, what that allows per SM
-(65,536 registers, the device's shared memory, 32 programs and 64 warps per SM), and how many warpgroup MMAs (``HGMMA``,
-Hopper's wgmma) and warp-level MMAs (``HMMA``, mma.sync) its SASS holds.
+(65,536 registers, the device's shared memory, 32 programs and 64 warps per SM), how many warpgroup MMAs (``HGMMA``,
+Hopper's wgmma) and warp-level MMAs (``HMMA``, mma.sync) its SASS holds, and the instructions of each
+of its loop bodies.
 
 On a machine without a GPU it compiles for ``--offline-arch`` (sm_90) instead of launching: Triton's
 JIT specialises and compiles exactly as for a launch, and the registers and spills come from the
@@ -73,9 +74,25 @@ def _cuobjdump(cubin: bytes, *flags: str) -> str:
                               text=True, check=True).stdout
 
 
-def _mma_counts(cubin: bytes) -> dict[str, int]:
+_SASS_ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
+_BACKWARD_BRANCH = re.compile(r"\bBRA\s+(?:!?U?P\w+,\s*)?0x([0-9a-f]+)")
+
+
+def loop_bodies(sass: str) -> list[int]:
+    """Instructions of each loop body in SASS (from a backward branch's target to the branch), by
+    address: what one iteration issues, where a kernel's static size says little."""
+    bodies = []
+    for line in sass.splitlines():
+        address, branch = _SASS_ADDRESS.search(line), _BACKWARD_BRANCH.search(line)
+        if address and branch and int(branch.group(1), 16) < int(address.group(1), 16):
+            bodies.append((int(address.group(1), 16) - int(branch.group(1), 16)) // 16 + 1)  # 16-byte instructions
+    return bodies
+
+
+def _sass_counts(cubin: bytes) -> dict[str, Any]:
     sass = _cuobjdump(cubin, "-sass")
-    return {"hgmma": len(re.findall(r"\bHGMMA\.", sass)), "hmma": len(re.findall(r"\bHMMA\.", sass))}
+    return {"hgmma": len(re.findall(r"\bHGMMA\.", sass)), "hmma": len(re.findall(r"\bHMMA\.", sass)),
+            "loop_instructions": loop_bodies(sass)}
 
 
 def _registers_and_spills(compiled: Any, offline: bool) -> tuple[int, int]:
@@ -97,7 +114,7 @@ def _resources(compiled: Any, smem_per_sm: int, offline: bool) -> dict[str, Any]
     return {"n_regs": regs, "spilled_bytes": spilled, "shared_bytes": shared,
             "num_warps": warps, "num_stages": compiled.metadata.num_stages,
             "programs_per_sm": min(by_regs, by_smem, BLOCKS_PER_SM, WARPS_PER_SM // warps),
-            **_mma_counts(compiled.asm["cubin"])}
+            **_sass_counts(compiled.asm["cubin"])}
 
 
 def _parse_args() -> argparse.Namespace:
@@ -172,12 +189,13 @@ def agreement_table(rows: list[dict[str, Any]]) -> str:
 def resources_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one line per compiled kernel of each (launch, shape, variant)."""
     lines = ["| launch | shape | variant | Triton kernel | registers | spilled B | shared KiB | warps | stages "
-             "| programs / SM | wgmma | mma.sync |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| programs / SM | wgmma | mma.sync | loop bodies (instructions) |", "|" + "---|" * 13]
     for r in rows:
         for fn, k in r["triton_kernels"].items():
             lines.append(f"| {r['kernel']} | {r['shape']} | {r['variant']} | {fn} | {k['n_regs']} | {k['spilled_bytes']} "
                          f"| {k['shared_bytes'] / 1024:.0f} | {k['num_warps']} | {k['num_stages']} "
-                         f"| {k['programs_per_sm']} | {k['hgmma']} | {k['hmma']} |")
+                         f"| {k['programs_per_sm']} | {k['hgmma']} | {k['hmma']} "
+                         f"| {', '.join(map(str, k.get('loop_instructions', [])))} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,23 @@
+"""``bench/kernel_resources.py``'s loop bodies, read from SASS: each backward branch's span."""
+
+from __future__ import annotations
+
+from bench.kernel_resources import loop_bodies
+
+# Shaped like cuobjdump -sass: 16-byte instructions, one predicated backward branch (a loop of
+# 0x2000..0x2740), one forward branch and the trailing self-branch at the end of every kernel.
+SASS = """
+        /*1fd0*/              @!P5 BRA 0x2750 ;                   /* 0x0000000400dcd947 */
+        /*2000*/                   ISETP.GE.U32.AND P0, PT, R4, R9, PT ;  /* 0x000000090400720c */
+        /*2740*/               @P5 BRA P6, 0x2000 ;                /* 0xfffffff8002c5947 */
+        /*2750*/                   EXIT ;                          /* 0x000000000000794d */
+        /*2760*/                   BRA 0x2760;                     /* 0xfffffffc00fc7947 */
+"""
+
+
+def test_loop_bodies_count_each_backward_branch_span_only():
+    assert loop_bodies(SASS) == [(0x2740 - 0x2000) // 16 + 1]
+
+
+def test_no_loop_no_body():
+    assert loop_bodies("        /*0000*/  EXIT ;\n        /*0010*/  BRA 0x10;\n") == []
