@@ -67,11 +67,15 @@ def indexer_bench(results: Path) -> list[str]:
 def main() -> None:
     results = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS
     lines = ["# 2026-12-02 (second session) H200: per-session figures", ""]
-    lines += indexer_kernels(results) + indexer_bench(results)
-    lines += best_per_value(results / "sweep-trials-indexer-late-sum.csv", "indexer_fwd", "LATE_HEAD_SUM")
-    lines += best_per_value(results / "sweep-trials-attention-fwd-lazy.csv", "sparse_attn_fwd", "RESCALE_SLACK")
-    lines += best_per_value(results / "sweep-trials-attention-fwd-lazy.csv", "sparse_attn_fwd", "TILE_K")
-    lines += best_per_value(results / "sweep-trials-attention-fwd-hca.csv", "sparse_attn_fwd", "BLOCK_H")
+    try:
+        lines += indexer_kernels(results) + indexer_bench(results)
+        lines += best_per_value(results / "sweep-trials-indexer-late-sum.csv", "indexer_fwd", "LATE_HEAD_SUM")
+        lines += best_per_value(results / "sweep-trials-attention-fwd-lazy.csv", "sparse_attn_fwd", "RESCALE_SLACK")
+        lines += best_per_value(results / "sweep-trials-attention-fwd-lazy.csv", "sparse_attn_fwd", "TILE_K")
+        lines += best_per_value(results / "sweep-trials-attention-fwd-hca.csv", "sparse_attn_fwd", "BLOCK_H")
+    except (OSError, KeyError) as error:  # a results folder without this session's files
+        print(f"RESULTS_DIR: {error}", file=sys.stderr)
+        sys.exit(2)
     print("\n".join(lines))
 
 
