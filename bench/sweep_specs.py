@@ -254,8 +254,8 @@ def indexer_late_sum_specs() -> list[tuple[str, dict]]:
 # The forward's lazy rescaling (RESCALE_SLACK 8: the accumulator's BLOCK_H x 512 multiply only
 # when some head's max grows by more than 8 log2 units) against rescaling every tile, over the
 # tile lengths and stages of the tuned configs, at the six sequence-4,096 shapes.
-ATTENTION_FWD_LAZY_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "num_warps": [8], "num_stages": [1, 2],
-                            "RESCALE_SLACK": [0, 8], "maxnreg": [None]}
+ATTENTION_FWD_LAZY_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "TAIL_K": [0], "num_warps": [8],
+                            "num_stages": [1, 2], "RESCALE_SLACK": [0, 8], "maxnreg": [None]}
 
 
 def attention_fwd_grid_specs(name: str, seq: int, space: dict) -> list[tuple[str, dict]]:
@@ -269,13 +269,30 @@ def attention_fwd_grid_specs(name: str, seq: int, space: dict) -> list[tuple[str
 ATTENTION_FWD_TILES_SPACE = ATTENTION_FWD_LAZY_SPACE | {"RESCALE_SLACK": [0]}
 # The HCA forward, the one layer type whose default no sweep has beaten at sequence 4,096: head
 # blocks, tile lengths, warps and a third stage, at its four shapes.
-ATTENTION_FWD_HCA_SPACE = {"BLOCK_H": [32, 64], "TILE_K": [16, 32, 64], "num_warps": [4, 8], "num_stages": [2, 3],
-                           "RESCALE_SLACK": [0], "maxnreg": [None]}
+ATTENTION_FWD_HCA_SPACE = {"BLOCK_H": [32, 64], "TILE_K": [16, 32, 64], "TAIL_K": [0], "num_warps": [4, 8],
+                           "num_stages": [2, 3], "RESCALE_SLACK": [0], "maxnreg": [None]}
 
 
 def attention_fwd_hca_specs() -> list[tuple[str, dict]]:
     shapes = [s for s in shapes_of("sparse_attn_fwd") if s["ratio"] == 128]
     return [("sparse_attn_fwd-hca-grid", grid_spec("sparse_attn_fwd", shapes, ATTENTION_FWD_HCA_SPACE))]
+
+
+# A tail tile (TAIL_K) for each query's last partial tile, beside none, over the tilings that won
+# the HCA and CSA forwards, at their eight shapes: an HCA query's entries are its window and up to
+# 32 (sequence 4,096) or 64 compressed ones, a CSA query's below sequence 4 * topk ragged.
+ATTENTION_FWD_TAIL_SPACES = {  # by compress ratio
+    128: {"BLOCK_H": [32, 64], "TILE_K": [32, 64], "TAIL_K": [0, 16, 32], "num_warps": [4, 8], "num_stages": [2, 3],
+          "RESCALE_SLACK": [0], "maxnreg": [None]},
+    4: {"BLOCK_H": [64], "TILE_K": [64], "TAIL_K": [0, 16, 32], "num_warps": [8], "num_stages": [1, 2],
+        "RESCALE_SLACK": [0], "maxnreg": [None]},
+}
+
+
+def attention_fwd_tail_specs() -> list[tuple[str, dict]]:
+    return [(f"sparse_attn_fwd-tail-grid-ratio-{ratio}",
+             grid_spec("sparse_attn_fwd", [s for s in shapes_of("sparse_attn_fwd") if s["ratio"] == ratio], space))
+            for ratio, space in ATTENTION_FWD_TAIL_SPACES.items()]
 
 
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
@@ -298,6 +315,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "attention-fwd-lazy": lambda: attention_fwd_grid_specs("lazy-rescale", 4096, ATTENTION_FWD_LAZY_SPACE),
     "attention-fwd-8192-tiles": lambda: attention_fwd_grid_specs("tiles", 8192, ATTENTION_FWD_TILES_SPACE),
     "attention-fwd-hca": attention_fwd_hca_specs,
+    "attention-fwd-tail": attention_fwd_tail_specs,
 }
 
 

@@ -20,6 +20,8 @@ an online softmax in fp32 (exp2, log2 domain) whose running max and denominator 
 (so the sink is folded in, and a tile with every entry masked cannot make a NaN), acc += P @ E.
 Window, compressed and mixed tiles go through the same loop: each row of a tile picks its pointer
 from kv or kv_compressed. It saves the natural-log LSE (sink included) for the backward.
+``TAIL_K`` > 0 takes a query's last partial tile in a tile of that length (an HCA query's 128
+window entries and up to 32 compressed ones walk 64 + 64 + 32 positions rather than 3 x 64).
 ``RESCALE_SLACK`` > 0 rescales the accumulator lazily (see ``_attend_tile``; it lost at every
 shape of the 2026-12-02 H200 sweep, and the default rescales every tile).
 
@@ -199,8 +201,8 @@ def _head_offsets(b, s, S, H, heads):
 def _sparse_attn_fwd_kernel(
     q_ptr, kv_ptr, kvc_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr,
     S, H, SC, TOPK, WINDOW, qk_scale,
-    RATIO: tl.constexpr, BLOCK_H: tl.constexpr, TILE_K: tl.constexpr, RESCALE_SLACK: tl.constexpr,
-    UPCAST: tl.constexpr,
+    RATIO: tl.constexpr, BLOCK_H: tl.constexpr, TILE_K: tl.constexpr, TAIL_K: tl.constexpr,
+    RESCALE_SLACK: tl.constexpr, UPCAST: tl.constexpr,
 ):
     s = tl.program_id(0)
     b = tl.program_id(2)
@@ -215,10 +217,19 @@ def _sparse_attn_fwd_kernel(
     denom = tl.full([BLOCK_H], 1.0, tl.float32)
     acc = tl.zeros([BLOCK_H, _D], dtype=tl.float32)
     n_pos = _entry_count(s, TOPK, WINDOW, RATIO)
-    for p0 in range(0, n_pos, TILE_K):
+    # With a TAIL_K tile, the TILE_K tiles stop where at most TAIL_K positions remain, and one
+    # TAIL_K tile takes those: a query's last partial tile is then at most TAIL_K wide.
+    n_main = tl.maximum(n_pos - TAIL_K, 0) if TAIL_K > 0 else n_pos
+    for p0 in range(0, n_main, TILE_K):
         e, valid, _ = _gather_entries(kv_ptr, kvc_ptr, idx_ptr, p0 + tl.arange(0, TILE_K), s, b, S, SC, TOPK,
                                       WINDOW, 0, n_pos, RATIO, UPCAST)
         m, denom, acc = _attend_tile(q, e, valid, m, denom, acc, qk_scale, RESCALE_SLACK)
+    if TAIL_K > 0:
+        tail = tl.cdiv(n_main, TILE_K) * TILE_K
+        if tail < n_pos:
+            e, valid, _ = _gather_entries(kv_ptr, kvc_ptr, idx_ptr, tail + tl.arange(0, TAIL_K), s, b, S, SC, TOPK,
+                                          WINDOW, 0, n_pos, RATIO, UPCAST)
+            m, denom, acc = _attend_tile(q, e, valid, m, denom, acc, qk_scale, RESCALE_SLACK)
     tl.store(o_ptr + offsets, (acc / denom[:, None]).to(o_ptr.dtype.element_ty), mask=h_mask[:, None])
     tl.store(lse_ptr + (b * S + s).to(tl.int64) * H + heads, (m + tl.log2(denom)) * _LN2_C, mask=h_mask)
 
@@ -349,7 +360,7 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
         (seq, triton.cdiv(heads, config["BLOCK_H"]), batch),
         (q, kv, kv if kvc is None else kvc, kv if indices is None else indices, sink, o, lse,
          seq, heads, n_comp, topk, window, SOFTMAX_SCALE * _LOG2E),
-        {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"],
+        {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "TAIL_K": config.get("TAIL_K", 0),
          "RESCALE_SLACK": config.get("RESCALE_SLACK", 0), "UPCAST": _interpreted()},
         config,
         compile_only,
@@ -720,7 +731,7 @@ def _default_fwd_config(shape: Shape) -> Config:
     block_h = min(64, max(16, triton.next_power_of_2(shape["heads"])))
     entries = _max_entries(shape["ratio"], shape["seq"], shape["topk"], shape["window"])
     return {"BLOCK_H": block_h, "TILE_K": 32 if entries > 16 else 16, "num_warps": 8 if block_h == 64 else 4,
-            "num_stages": 2, "RESCALE_SLACK": 0}
+            "num_stages": 2, "TAIL_K": 0, "RESCALE_SLACK": 0}
 
 
 def _default_bwd_config(shape: Shape) -> Config:

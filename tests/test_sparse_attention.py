@@ -104,9 +104,26 @@ def test_lazy_rescaling_matches_eager(slack, ratio, topk, window):
     torch.testing.assert_close(lse, lse_ref, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize(("seq", "ratio", "topk", "window"),
+                         [(120, 0, 0, 40), (120, sparse_attention.CSA_RATIO, 20, 24),
+                          (300, sparse_attention.HCA_RATIO, 0, 40)], ids=["window", "csa", "hca"])
+def test_tail_tile_matches_eager(seq, ratio, topk, window):
+    """32-entry tiles with a 16-entry tail: queries of at most 16 entries take the tail alone, of
+    17-32 one full tile and no tail, of 33-48 (up to 44 for CSA, 42 for HCA) a full tile then the
+    tail, which holds compressed entries there."""
+    p = _problem(2, seq, 3, ratio, topk, window, seed=13)
+    config = {"BLOCK_H": 16, "TILE_K": 32, "TAIL_K": 16, "num_warps": 4, "num_stages": 1}
+    o, lse = sparse_attention._forward(p["q"], p["kv"], p.get("kv_compressed"), p.get("indices"), p["sink"], ratio,
+                                       window, config)
+    o_ref, lse_ref = sparse_attention._reference(p["q"], p["kv"], p["sink"], ratio, p.get("kv_compressed"),
+                                                 p.get("indices"), window)
+    _close(o, o_ref)
+    torch.testing.assert_close(lse, lse_ref, rtol=1e-4, atol=1e-3)
+
+
 # (The small presets' defaults, 16 or 32 heads and entries a tile, run in the parity tests above.)
 FWD_CONFIGS = [
-    {"BLOCK_H": 32, "TILE_K": 32, "num_warps": 8, "num_stages": 2},  # the CSA preset only
+    {"BLOCK_H": 32, "TILE_K": 32, "TAIL_K": 16, "num_warps": 8, "num_stages": 2},  # the CSA preset only
 ]
 # The split mode as is runs in test_split_mode_in_passes_matches; each mode runs once transposed here.
 BWD_CONFIGS = [
@@ -204,9 +221,10 @@ def test_defaults_are_valid_configs_of_the_space_on_sm_90(name):
 def test_space_prunes_what_sm_90_cannot_hold():
     shape = registry.get("sparse_attn_fwd").presets["v4-flash"][2]
     fwd, bwd = load_space("sparse_attn_fwd"), load_space("sparse_attn_bwd")
-    assert fwd.violation({"BLOCK_H": 64, "TILE_K": 32, "num_warps": 8, "num_stages": 2}, shape, "sm_90") is None
-    assert "max_regs_per_thread" in fwd.violation({"BLOCK_H": 64, "TILE_K": 32, "num_warps": 4, "num_stages": 2},
-                                                  shape, "sm_90")
+    fits = {"BLOCK_H": 64, "TILE_K": 32, "TAIL_K": 0, "num_warps": 8, "num_stages": 2}
+    assert fwd.violation(fits, shape, "sm_90") is None
+    assert "max_regs_per_thread" in fwd.violation({**fits, "num_warps": 4}, shape, "sm_90")
+    assert "TAIL_K < TILE_K" in fwd.violation({**fits, "TAIL_K": 32}, shape, "sm_90")
     split = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split", "DE_TRANSPOSED": 0}
     assert bwd.violation({**split, "R_CHUNK": 256}, shape, "sm_90") is None
     assert bwd.violation({**split, "DKV_MODE": "atomic", "R_CHUNK": 256}, shape, "sm_90")  # atomics: one pass
