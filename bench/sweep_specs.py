@@ -295,6 +295,21 @@ def attention_fwd_tail_specs() -> list[tuple[str, dict]]:
             for ratio, space in ATTENTION_FWD_TAIL_SPACES.items()]
 
 
+# The compressor, swept with 12 TPE trials a shape on 2026-11-30 (and not at sequence 8,192): the
+# forward's whole grid without a register cap (its tiles hold a few values a thread), the
+# backward's space by TPE with COMPRESSOR_BWD_TRIALS a shape, at its six shapes.
+COMPRESSOR_FWD_SPACE = {"maxnreg": [None]}
+COMPRESSOR_BWD_TRIALS = 100
+
+
+def compressor_specs() -> list[tuple[str, dict]]:
+    shapes = shapes_of("compressor_fwd", presets=("v4-flash",))  # Pro's compressor shapes are Flash's
+    bwd = {"kernel": "compressor_bwd", "shapes": shapes, "arch": "sm_90", "strategy": {"name": "tpe", "seed": 0},
+           "budget": {"max_trials": COMPRESSOR_BWD_TRIALS}, "timing": {"method": "cudagraph"}}
+    return [("compressor_fwd-grid", grid_spec("compressor_fwd", shapes, COMPRESSOR_FWD_SPACE)),
+            ("compressor_bwd-tpe", bwd)]
+
+
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
     "memory": lambda: per_preset_specs(MEMORY_BOUND),
@@ -316,6 +331,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "attention-fwd-8192-tiles": lambda: attention_fwd_grid_specs("tiles", 8192, ATTENTION_FWD_TILES_SPACE),
     "attention-fwd-hca": attention_fwd_hca_specs,
     "attention-fwd-tail": attention_fwd_tail_specs,
+    "compressor": compressor_specs,
 }
 
 
