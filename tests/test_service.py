@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import optuna
 import pytest
 import yaml
 from sqlalchemy import select
@@ -26,6 +27,7 @@ from sqlalchemy import select
 from db import Sweep, Trial, open_database, session_scope
 from kernels import tuning
 from tests.cli_run import invoke_tuner
+from tuner.serve import optuna_storage
 
 FAST_TIMING = {"warmup_ms": 1, "rep_ms": 5, "retime_rounds": 2, "retime_top": 3, "trial_timeout_s": 20,
                "retime_warmup_ms": 1, "retime_rep_ms": 5}
@@ -120,6 +122,17 @@ def test_faulty_configs_are_recorded_and_the_sweep_completes(tmp_path, db_url, l
     assert Counter(r.status for r in again) == Counter(r.status for r in rows)
     [measured] = [r for r in trials_of(db_url, 3) if r.status != "pruned"]
     assert measured.config == {"MODE": "ok", "BLOCK": 32}
+
+    # A sampler's budget above the shape's valid configs (here 2) is its grid: each once (both answered
+    # from the database), and no asks spent looking for more, where TPE had asked hundreds of times.
+    few = write_spec(tmp_path, "few.yaml", kernel="fault_probe", shapes=[{"n": 100}], space={"MODE": ["ok"]},
+                     strategy={"name": "tpe", "seed": 0}, budget={"max_trials": 10}, timing=FAST_TIMING)
+    assert queued(db_url, few) == 4
+    code, out = invoke_tuner(db_url, "serve", "--drain")
+    assert code == 0 and "sweep 4: done" in out, out
+    assert sorted(r.config["BLOCK"] for r in trials_of(db_url, 4)) == [16, 32]
+    study = optuna.load_study(study_name="sweep-4/fault_probe/n=100", storage=optuna_storage(db_url))
+    assert len(study.trials) == 2
 
 
 def test_killed_server_loses_nothing_and_reruns_nothing(tmp_path, db_url, local_ray):

@@ -76,6 +76,7 @@ class ShapeState:
     shape: dict[str, int]
     key: str
     source: ConfigSource
+    budget: int  # trials to evaluate: the sweep's budget, or every valid config where there are fewer
     evaluated: int = 0
     pruned: int = 0
     best_ms: float | None = None
@@ -148,17 +149,22 @@ class SweepRunner:
             ok = [r.median_ms for r in rows if r.status == TrialStatus.ok.value]
             pruned = sum(r.status == TrialStatus.pruned.value for r in rows)
             evaluated = len(rows) - pruned
-        if name == "grid":
-            remaining, newly_pruned = [], []
-            for config in self.space.grid(self.arch):
-                identity = self._identity(key, config)
-                if identity in recorded:
-                    continue
-                reason = self.space.violation(config, shape, self.arch)
-                if reason:
-                    newly_pruned.append((config, identity, reason))
-                else:
-                    remaining.append(config)
+        remaining, newly_pruned, valid = [], [], 0
+        for config in self.space.grid(self.arch):
+            identity = self._identity(key, config)
+            reason = self.space.violation(config, shape, self.arch)
+            valid += reason is None
+            if identity in recorded:
+                continue
+            if reason:
+                newly_pruned.append((config, identity, reason))
+            else:
+                remaining.append(config)
+        # A budget that covers every valid config of the shape is its grid: a sampler would spend
+        # ever slower asks on pruned and repeated configs looking for the last few. (An uncapped
+        # grid counts its pruned points too, so its budget stays the whole grid.)
+        budget = self.budget if self.spec.budget_counts_pruned else min(self.budget, valid)
+        if name == "grid" or budget == valid:
             self._write_pruned(key, newly_pruned)
             pruned += len(newly_pruned)
             source: ConfigSource = GridSource(study, self.dimensions, remaining, self.spec.strategy.seed,
@@ -168,13 +174,14 @@ class SweepRunner:
             default = default_in_space(self.kernel, self.space, shape, self.arch)
             if default is not None and not study.get_trials(deepcopy=False):
                 study.enqueue_trial(default)
-        return ShapeState(shape, key, source, evaluated=evaluated, pruned=pruned, best_ms=min(ok) if ok else None)
+        return ShapeState(shape, key, source, budget, evaluated=evaluated, pruned=pruned,
+                          best_ms=min(ok) if ok else None)
 
     # -- search loop -------------------------------------------------------------------
     def _may_propose(self, state: ShapeState, inflight: int) -> bool:
         if self.deadline is not None and time.monotonic() > self.deadline:
             return False
-        return state.evaluated + inflight < self.budget
+        return state.evaluated + inflight < state.budget
 
     def _compiles_ahead(self, shape: dict[str, int]) -> bool:
         """Whether CPU workers compile ahead: a GPU pool, and every worker's inputs fit beside the sweep."""
@@ -328,7 +335,7 @@ class SweepRunner:
 
     def _report(self, state: ShapeState) -> None:
         done = state.evaluated + (state.pruned if self.spec.budget_counts_pruned else 0)
-        total = self.budget
+        total = state.budget
         self.on_progress(state.key, min(done, total), total, state.best_ms)
 
     # -- re-timing of the best configs -------------------------------------------------
