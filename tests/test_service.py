@@ -123,8 +123,9 @@ def test_faulty_configs_are_recorded_and_the_sweep_completes(tmp_path, db_url, l
     [measured] = [r for r in trials_of(db_url, 3) if r.status != "pruned"]
     assert measured.config == {"MODE": "ok", "BLOCK": 32}
 
-    # A sampler's budget above the shape's valid configs (here 2) is its grid: each once (both answered
-    # from the database), and no asks spent looking for more, where TPE had asked hundreds of times.
+    # A sampler's budget of half the shape's valid configs or more (here 10 of 2) walks them as a grid:
+    # each once (both answered from the database), no asks spent looking for more, where TPE had asked
+    # hundreds of times.
     few = write_spec(tmp_path, "few.yaml", kernel="fault_probe", shapes=[{"n": 100}], space={"MODE": ["ok"]},
                      strategy={"name": "tpe", "seed": 0}, budget={"max_trials": 10}, timing=FAST_TIMING)
     assert queued(db_url, few) == 4

@@ -160,11 +160,13 @@ class SweepRunner:
                 newly_pruned.append((config, identity, reason))
             else:
                 remaining.append(config)
-        # A budget that covers every valid config of the shape is its grid: a sampler would spend
-        # ever slower asks on pruned and repeated configs looking for the last few. (An uncapped
-        # grid counts its pruned points too, so its budget stays the whole grid.)
+        # A budget of half the shape's valid configs or more walks them as a grid does, in shuffled
+        # order: a sampler would spend ever slower asks on pruned and repeated configs looking for
+        # the last unseen ones (on the H200, TPE asked 5,534 pruned configs for 472 measured, and
+        # did not finish 100 of a shape's 104). An uncapped grid counts its pruned points too, so
+        # its budget stays the whole grid.
         budget = self.budget if self.spec.budget_counts_pruned else min(self.budget, valid)
-        if name == "grid" or budget == valid:
+        if name == "grid" or 2 * budget >= valid:
             self._write_pruned(key, newly_pruned)
             pruned += len(newly_pruned)
             source: ConfigSource = GridSource(study, self.dimensions, remaining, self.spec.strategy.seed,
