@@ -7,9 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench/results/2026-12-02c-h200}
-venv=${VENV:-/tmp/triton36}
-[ -x "$venv/bin/python" ] || { echo "no Triton 3.6 venv at $venv: run bench/offline_sm90_compiles.sh first" >&2; exit 2; }
-run() { PYTHONPATH=. "$venv/bin/python" bench/kernel_resources.py kernels/tables/sm_90.json "$@" --offline-arch sm_90; }
+source bench/offline_sm90_run.sh
 
 # values a thread: BLOCK_G x window (8 CSA, 128 HCA) x BLOCK_D / (32 num_warps)
 run "$out/offline-sm90-compressor-fwd.json" compressor_fwd v4-flash --only seq=4096 --configs '{

@@ -7,9 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench/results/2026-12-01-h200-c}
-venv=${VENV:-/tmp/triton36}
-[ -x "$venv/bin/python" ] || { echo "no Triton 3.6 venv at $venv: run bench/offline_sm90_compiles.sh first" >&2; exit 2; }
-run() { PYTHONPATH=. "$venv/bin/python" bench/kernel_resources.py kernels/tables/sm_90.json "$@" --offline-arch sm_90; }
+source bench/offline_sm90_run.sh
 
 run "$out/offline-sm90-attention-bwd-resources.json" sparse_attn_bwd v4-flash,v4-pro --only seq=4096
 # Configs are applied over each shape's default; the selection kernel does not depend on the scoring's.

@@ -9,9 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench/results/2026-12-02b-h200}
-venv=${VENV:-/tmp/triton36}
-[ -x "$venv/bin/python" ] || { echo "no Triton 3.6 venv at $venv: run bench/offline_sm90_compiles.sh first" >&2; exit 2; }
-run() { PYTHONPATH=. "$venv/bin/python" bench/kernel_resources.py kernels/tables/sm_90.json "$@" --offline-arch sm_90; }
+source bench/offline_sm90_run.sh
 
 tiling='"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": 256, "KEY_TILES": 1, "num_warps": 8, "num_stages": 2, "SELECT_ROWS": 1, "SELECT_WARPS": 1'
 run "$out/offline-sm90-indexer-head-sum.json" indexer_fwd v4-flash --only seq=4096 --configs "{
