@@ -5,7 +5,9 @@ default, the swept config and the eager reference, and swept over default measur
 run. FLOPs follow FlashMLA's convention (``kernels/sparse_attention.py``). Compressor and indexer
 rows give the time against their floor: bytes moved at the copy bandwidth measured in the same
 run, or for the indexer the larger of that and its FLOPs at the bf16 dense-GEMM rate measured on
-this machine (``--gemm-tflops``, default 750, bench/2026-11-29 notes: 700-790).
+this machine (``--gemm-tflops``, default 750, bench/2026-11-29 notes: 700-790); and, for the
+graph-timed compressor, against a copy of its own bytes timed in the same run (results from
+2026-12-02c on).
 
 Usage: python bench/attention_summary.py RESULT_JSON [--gemm-tflops 750] > summary.md
 """

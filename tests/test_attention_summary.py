@@ -1,0 +1,32 @@
+"""``bench/attention_summary.py`` reprints the committed 2026-12-02c summaries from their raw runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "2026-12-02c-h200"
+
+
+def _summary(run: str) -> str:
+    return subprocess.run([sys.executable, "bench/attention_summary.py", str(RESULTS / run)], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_reprints_the_attention_summary_with_its_geomean():
+    out = _summary("bench-run-4.json")
+    assert out.strip() == (RESULTS / "attention-summary.md").read_text().strip()
+    assert "at sequence 4096, over 12 cells: 1.308x" in out
+    # the indexer is timed by events, with no copy beside it
+    assert "| indexer_fwd | batch=1,seq=4096,topk=512 | 0.0458 | - | 0.2510 | 0.1468 | 3.21 | - |" in out
+
+
+def test_compressor_rows_stand_beside_a_same_size_copy():
+    out = _summary("bench-run-5.json")
+    assert out[out.index("### Compressor"):].strip() == (RESULTS / "compressor-summary.md").read_text().strip()
+    # the forward at CSA d 512: 7.6 us, 1.82x its bandwidth floor and 1.25x a copy of its bytes
+    assert "| compressor_fwd | batch=1,seq=4096,ratio=4,dim=512 | 0.0042 | 0.0061 | 0.0584 | 0.0076 | 1.82 | 1.25 |" in out
+    # a launch without a swept config is timed by its default and says so
+    assert "| 4.02 (default) | 3.01 (default) |" in out
