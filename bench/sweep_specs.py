@@ -310,6 +310,16 @@ def compressor_specs() -> list[tuple[str, dict]]:
             ("compressor_bwd-tpe", bwd)]
 
 
+# The router forward's top-k rounds as one argmax each (ARGMAX 1: 93 sm_90 instructions a round
+# against 195 at one token a warp, offline; 178 against 126 at two) beside max-then-min, over the
+# tuned tilings' neighbours, at the four router shapes.
+ROUTER_ARGMAX_SPACE = {"BLOCK_N": [1, 2, 4], "num_warps": [1, 2], "num_stages": [1], "ARGMAX": [0, 1]}
+
+
+def router_argmax_specs() -> list[tuple[str, dict]]:
+    return [("router_fwd-argmax-grid", grid_spec("router_fwd", shapes_of("router_fwd"), ROUTER_ARGMAX_SPACE))]
+
+
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
     "memory": lambda: per_preset_specs(MEMORY_BOUND),
@@ -332,6 +342,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "attention-fwd-hca": attention_fwd_hca_specs,
     "attention-fwd-tail": attention_fwd_tail_specs,
     "compressor": compressor_specs,
+    "router-argmax": router_argmax_specs,
 }
 
 

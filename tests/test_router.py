@@ -54,6 +54,12 @@ def test_equal_scores_go_to_the_lowest_index():
     logits[0] = torch.tensor([0.5, 2.0, 2.0, -1.0, 2.0, 0.5, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0])
     indices = _check_route(logits, topk=4)
     assert indices[0].tolist() == [1, 2, 4, 0]
+    # Each top-k round's pick as a max then a min, or as one argmax. (The interpreter's argmax takes
+    # the first of equal values whatever its tie flag; the GPU run of this test checks the flag.)
+    for argmax in (0, 1):
+        config = {"BLOCK_N": 4, "num_warps": 1, "num_stages": 1, "ARGMAX": argmax}
+        picked, _ = router._forward(logits, None, 4, 1.5, None, None, config)
+        assert torch.equal(picked, indices), argmax
 
 
 def test_hash_routing_reads_the_table_and_ignores_bias():
@@ -78,7 +84,7 @@ def test_tiny_scores_have_finite_gradients():
 
 KERNELS = ("router_fwd", "router_hash_fwd", "router_bwd")
 CONFIGS = [
-    {"BLOCK_N": 1, "num_warps": 1, "num_stages": 1},
+    {"BLOCK_N": 1, "num_warps": 1, "num_stages": 1, "ARGMAX": 1},
     {"BLOCK_N": 4, "num_warps": 2, "num_stages": 1},
     {"BLOCK_N": 64, "num_warps": 8, "num_stages": 1},  # taller than most small shapes
 ]
