@@ -51,12 +51,22 @@ def shapes_of(kernel: str, seq: int | None = None, presets: tuple[str, ...] = PR
     return [s for p in presets for s in registry.get(kernel).presets[p] if seq is None or s["seq"] == seq]
 
 
-def grid_spec(kernel: str, shapes: list[dict], space: dict | None = None) -> dict:
-    """An exhaustive sweep of ``space`` (default: the kernel's own), graph-timed where ``graph_timed``."""
+def grid_spec(kernel: str, shapes: list[dict] | str, space: dict | None = None) -> dict:
+    """An exhaustive sweep of ``space`` (default: the kernel's own) at ``shapes`` (or a preset's name),
+    graph-timed where ``graph_timed``."""
     body: dict = {"kernel": kernel, "shapes": shapes, "arch": "sm_90"}
     if space is not None:
         body["space"] = space
     body["strategy"] = {"name": "grid"}
+    if graph_timed(kernel):
+        body["timing"] = {"method": "cudagraph"}
+    return body
+
+
+def tpe_spec(kernel: str, shapes: list[dict] | str, trials: int) -> dict:
+    """A TPE sweep (seed 0) of ``trials`` configs a shape, graph-timed where ``graph_timed``."""
+    body: dict = {"kernel": kernel, "shapes": shapes, "arch": "sm_90", "strategy": {"name": "tpe", "seed": 0},
+                  "budget": {"max_trials": trials}}
     if graph_timed(kernel):
         body["timing"] = {"method": "cudagraph"}
     return body
@@ -72,34 +82,24 @@ def spec(kernel: str, preset: str) -> dict:
     grid = space.grid("sm_90")
     largest = max(sum(space.violation(c, s, "sm_90") is None for c in grid)
                   for s in registry.get(kernel).presets[preset])
-    body: dict = {"kernel": kernel, "shapes": preset, "arch": "sm_90"}
     if largest > GRID_LIMIT:
-        body["strategy"] = {"name": "tpe", "seed": 0}
-        body["budget"] = {"max_trials": TPE_TRIALS["memory" if kernel in MEMORY_BOUND else "gemm"]}
-    else:
-        body["strategy"] = {"name": "grid"}
-    if graph_timed(kernel):
-        body["timing"] = {"method": "cudagraph"}
-    return body
+        return tpe_spec(kernel, preset, TPE_TRIALS["memory" if kernel in MEMORY_BOUND else "gemm"])
+    return grid_spec(kernel, preset)
 
 
 def attention_specs() -> list[tuple[str, dict]]:
     """The attention sweeps in the order a short session should run them (see the module doc)."""
-    def tpe(kernel: str, shapes: list[dict]) -> dict:
-        body = {"kernel": kernel, "shapes": shapes, "arch": "sm_90", "strategy": {"name": "tpe", "seed": 0},
-                "budget": {"max_trials": ATTENTION_TPE_TRIALS}}
-        if graph_timed(kernel):  # the compressor's microsecond launches: device time
-            body["timing"] = {"method": "cudagraph"}
-        return body
-
     def preset_shapes(kernel: str, seq: int, presets: tuple[str, ...] = PRESETS) -> list[dict]:
         return [s for s in shapes_of(kernel, seq, presets) if s != GRID_SHAPE]
 
     specs = [(f"{k}-grid", grid_spec(k, [GRID_SHAPE])) for k in ("sparse_attn_fwd", "sparse_attn_bwd")]
     for seq in (4096, 8192):
-        specs += [(f"{k}-{seq}", tpe(k, preset_shapes(k, seq))) for k in ("sparse_attn_fwd", "sparse_attn_bwd")]
-        specs += [(f"{k}-{seq}", tpe(k, preset_shapes(k, seq, ("v4-flash",)))) for k in ("compressor_fwd", "compressor_bwd")]
-        specs.append((f"indexer_fwd-{seq}", tpe("indexer_fwd", preset_shapes("indexer_fwd", seq))))
+        specs += [(f"{k}-{seq}", tpe_spec(k, preset_shapes(k, seq), ATTENTION_TPE_TRIALS))
+                  for k in ("sparse_attn_fwd", "sparse_attn_bwd")]
+        specs += [(f"{k}-{seq}", tpe_spec(k, preset_shapes(k, seq, ("v4-flash",)), ATTENTION_TPE_TRIALS))
+                  for k in ("compressor_fwd", "compressor_bwd")]
+        specs.append((f"indexer_fwd-{seq}", tpe_spec("indexer_fwd", preset_shapes("indexer_fwd", seq),
+                                                     ATTENTION_TPE_TRIALS)))
     return specs
 
 
@@ -304,10 +304,8 @@ COMPRESSOR_BWD_TRIALS = 100
 
 def compressor_specs() -> list[tuple[str, dict]]:
     shapes = shapes_of("compressor_fwd", presets=("v4-flash",))  # Pro's compressor shapes are Flash's
-    bwd = {"kernel": "compressor_bwd", "shapes": shapes, "arch": "sm_90", "strategy": {"name": "tpe", "seed": 0},
-           "budget": {"max_trials": COMPRESSOR_BWD_TRIALS}, "timing": {"method": "cudagraph"}}
     return [("compressor_fwd-grid", grid_spec("compressor_fwd", shapes, COMPRESSOR_FWD_SPACE)),
-            ("compressor_bwd-tpe", bwd)]
+            ("compressor_bwd-tpe", tpe_spec("compressor_bwd", shapes, COMPRESSOR_BWD_TRIALS))]
 
 
 # The router forward's top-k rounds as one argmax each (ARGMAX 1: 93 sm_90 instructions a round
