@@ -149,17 +149,8 @@ class SweepRunner:
             ok = [r.median_ms for r in rows if r.status == TrialStatus.ok.value]
             pruned = sum(r.status == TrialStatus.pruned.value for r in rows)
             evaluated = len(rows) - pruned
-        remaining, newly_pruned, valid = [], [], 0
-        for config in self.space.grid(self.arch):
-            identity = self._identity(key, config)
-            reason = self.space.violation(config, shape, self.arch)
-            valid += reason is None
-            if identity in recorded:
-                continue
-            if reason:
-                newly_pruned.append((config, identity, reason))
-            else:
-                remaining.append(config)
+        verdicts = [(config, self.space.violation(config, shape, self.arch)) for config in self.space.grid(self.arch)]
+        valid = sum(reason is None for _, reason in verdicts)
         # A budget of half the shape's valid configs or more walks them as a grid does, in shuffled
         # order: a sampler would spend ever slower asks on pruned and repeated configs looking for
         # the last unseen ones (on the H200, TPE asked 5,534 pruned configs for 472 measured, and
@@ -167,6 +158,15 @@ class SweepRunner:
         # its budget stays the whole grid.
         budget = self.budget if self.spec.budget_counts_pruned else min(self.budget, valid)
         if name == "grid" or 2 * budget >= valid:
+            remaining, newly_pruned = [], []
+            for config, reason in verdicts:
+                identity = self._identity(key, config)
+                if identity in recorded:
+                    continue
+                if reason:
+                    newly_pruned.append((config, identity, reason))
+                else:
+                    remaining.append(config)
             self._write_pruned(key, newly_pruned)
             pruned += len(newly_pruned)
             source: ConfigSource = GridSource(study, self.dimensions, remaining, self.spec.strategy.seed,
