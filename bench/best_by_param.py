@@ -29,7 +29,7 @@ def best_by_value(rows: list[dict], param: str, kernel: str | None) -> dict[tupl
 
 def table(best: dict[tuple[str, str], dict[str, tuple[float, int]]], param: str, reference: str) -> list[str]:
     values = sorted({v for by_value in best.values() for v in by_value}, key=lambda v: json.loads(v) or 0)
-    lines = [f"| kernel | shape | " + " | ".join(f"{param}={v} ms (trials)" for v in values)
+    lines = ["| kernel | shape | " + " | ".join(f"{param}={v} ms (trials)" for v in values)
              + f" | best / best at {param}={reference} |", "|" + "---|" * (3 + len(values))]
     for (kernel, shape), by_value in sorted(best.items()):
         cells = [f"{by_value[v][0]:.4f} ({by_value[v][1]})" if v in by_value else "-" for v in values]
