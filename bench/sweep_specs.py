@@ -87,12 +87,18 @@ def spec(kernel: str, preset: str) -> dict:
     return grid_spec(kernel, preset)
 
 
+def search_efficiency_specs() -> list[tuple[str, dict]]:
+    """The exhaustive grids of the two largest sparse-attention spaces at the Flash CSA shape, which
+    the search-efficiency replay (bench/search_efficiency.py) samples from."""
+    return [(f"{k}-grid", grid_spec(k, [GRID_SHAPE])) for k in ("sparse_attn_fwd", "sparse_attn_bwd")]
+
+
 def attention_specs() -> list[tuple[str, dict]]:
     """The attention sweeps in the order a short session should run them (see the module doc)."""
     def preset_shapes(kernel: str, seq: int, presets: tuple[str, ...] = PRESETS) -> list[dict]:
         return [s for s in shapes_of(kernel, seq, presets) if s != GRID_SHAPE]
 
-    specs = [(f"{k}-grid", grid_spec(k, [GRID_SHAPE])) for k in ("sparse_attn_fwd", "sparse_attn_bwd")]
+    specs = search_efficiency_specs()
     for seq in (4096, 8192):
         specs += [(f"{k}-{seq}", tpe_spec(k, preset_shapes(k, seq), ATTENTION_TPE_TRIALS))
                   for k in ("sparse_attn_fwd", "sparse_attn_bwd")]
@@ -308,6 +314,13 @@ def compressor_specs() -> list[tuple[str, dict]]:
             ("compressor_bwd-tpe", tpe_spec("compressor_bwd", shapes, COMPRESSOR_BWD_TRIALS))]
 
 
+# The backward's HCA shape at sequence 8,192, which the compressor group's sweep did not reach
+# (2026-12-02c): its 104 valid configs as a grid.
+def compressor_bwd_hca_8192_specs() -> list[tuple[str, dict]]:
+    shapes = [s for s in shapes_of("compressor_bwd", 8192, ("v4-flash",)) if s["ratio"] == 128]
+    return [("compressor_bwd-hca-8192-grid", grid_spec("compressor_bwd", shapes))]
+
+
 # The router forward's top-k rounds as one argmax each (ARGMAX 1: 93 sm_90 instructions a round
 # against 195 at one token a warp, offline; 178 against 126 at two) beside max-then-min, over the
 # tuned tilings' neighbours, at the four router shapes.
@@ -341,6 +354,8 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "attention-fwd-tail": attention_fwd_tail_specs,
     "compressor": compressor_specs,
     "router-argmax": router_argmax_specs,
+    "search-efficiency": search_efficiency_specs,
+    "compressor-bwd-hca-8192": compressor_bwd_hca_8192_specs,
 }
 
 
