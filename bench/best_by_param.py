@@ -9,11 +9,12 @@ Usage: python bench/best_by_param.py TRIALS_CSV PARAM [--kernel KERNEL] [--refer
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from trials_csv import read_trials  # bench/ is the script directory
 
 
 def best_by_value(rows: list[dict], param: str, kernel: str | None) -> dict[tuple[str, str], dict[str, tuple[float, int]]]:
@@ -49,8 +50,7 @@ def main() -> None:
     if not args.trials_csv.is_file():
         print(f"error: TRIALS_CSV: no file {args.trials_csv}", file=sys.stderr)
         sys.exit(2)
-    with args.trials_csv.open() as f:
-        best = best_by_value(list(csv.DictReader(f)), args.param, args.kernel)
+    best = best_by_value(read_trials(args.trials_csv), args.param, args.kernel)
     if not best:
         print(f"error: PARAM: no ok trial of {args.trials_csv} has {args.param!r} in its config", file=sys.stderr)
         sys.exit(2)

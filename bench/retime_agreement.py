@@ -6,15 +6,16 @@ Usage: python bench/retime_agreement.py TRIALS_CSV
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 from collections import defaultdict
 
+from trials_csv import read_trials  # bench/ is the script directory
+
 
 def main() -> None:
     cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for row in csv.DictReader(open(sys.argv[1])):
+    for row in read_trials(sys.argv[1]):
         cells[(row["kernel"], row["shape_key"])].append(row)
     screen_won = disagree = 0
     for (kernel, shape), rows in sorted(cells.items()):

@@ -14,19 +14,20 @@ Usage: python bench/session_2026_12_01_summary.py [RESULTS_DIR]  (default bench/
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from trials_csv import read_trials  # bench/ is the script directory
+
 BENCH = Path(__file__).resolve().parent
-GLUE_BEFORE = BENCH / "results" / "2026-11-30-h200-block-sweep-trials.csv"
+GLUE_BEFORE = BENCH / "results" / "2026-11-30-h200-block-sweep-trials.csv.gz"
 
 
 def _ok_trials(path: Path) -> list[dict]:
-    rows = [r for r in csv.DictReader(path.open()) if r["status"] == "ok"]
+    rows = [r for r in read_trials(path) if r["status"] == "ok"]
     for r in rows:
         r["config"], r["metrics"], r["median_ms"] = json.loads(r["config"]), json.loads(r["metrics"]), float(r["median_ms"])
     return rows

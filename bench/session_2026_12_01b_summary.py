@@ -53,7 +53,7 @@ def gather_variants(results: Path) -> list[str]:
 
 def glue_forward_sweeps(results: Path) -> list[str]:
     sources = {"morning": MORNING / "glue-and-bwd-sweep-trials.csv",
-               "fn split, TPE (call 3)": results / "glue-rope-router-sweep-trials.csv",
+               "fn split, TPE (call 3)": results / "glue-rope-router-sweep-trials.csv.gz",
                "4,096-token grid (call 4)": results / "glue-4096-sweep-trials.csv"}
     best = {name: {} for name in sources}
     for name, path in sources.items():

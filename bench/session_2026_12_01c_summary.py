@@ -14,15 +14,16 @@ Usage: python bench/session_2026_12_01c_summary.py [RESULTS_DIR]  (prints markdo
 
 from __future__ import annotations
 
-import csv
 import json
 import statistics
 import sys
 from pathlib import Path
 
+from trials_csv import read_trials  # bench/ is the script directory
+
 H200_RESULTS = Path(__file__).parent / "results" / "2026-12-01-h200-b"
 OFFLINE_RESULTS = Path(__file__).parent / "results" / "2026-12-01-cpu-offline-resources"
-ATTENTION_TRIALS = Path(__file__).parent / "results" / "2026-11-30-h200-attention" / "sweep-trials.csv"
+ATTENTION_TRIALS = Path(__file__).parent / "results" / "2026-11-30-h200-attention" / "sweep-trials.csv.gz"
 FLASH_CSA = "batch=1,seq=4096,heads=64,ratio=4,topk=512,window=128"
 LOGIT_TILE = 32
 MMA_PRODUCTS = {"forward": 2, "backward": 3 + 2}
@@ -81,13 +82,12 @@ def head_block_effect(trials_csv: Path) -> list[str]:
     """The 2026-11-30 exhaustive grid of the backward at the Flash CSA shape: each config at 16 heads
     a block (4 blocks of V4-Flash's 64) beside the same config at 32 (2 blocks): time ratio."""
     times: dict[tuple, dict[int, float]] = {}
-    with trials_csv.open() as f:
-        for r in csv.DictReader(f):
-            if r["kernel"] != "sparse_attn_bwd" or r["status"] != "ok" or r["shape_key"] != FLASH_CSA:
-                continue
-            c = json.loads(r["config"])
-            rest = tuple(sorted((k, str(v)) for k, v in c.items() if k != "BLOCK_H"))
-            times.setdefault(rest, {})[c["BLOCK_H"]] = float(r["median_ms"])
+    for r in read_trials(trials_csv):
+        if r["kernel"] != "sparse_attn_bwd" or r["status"] != "ok" or r["shape_key"] != FLASH_CSA:
+            continue
+        c = json.loads(r["config"])
+        rest = tuple(sorted((k, str(v)) for k, v in c.items() if k != "BLOCK_H"))
+        times.setdefault(rest, {})[c["BLOCK_H"]] = float(r["median_ms"])
     pairs = sorted((t[16] / t[32], t[16], t[32], dict(rest)) for rest, t in times.items() if {16, 32} <= set(t))
     best = min(pairs, key=lambda p: p[2])
     ratios = [p[0] for p in pairs]

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from session_2026_12_01d_summary import best_per_value  # a sibling script
+from trials_csv import read_trials
 
 BENCH = Path(__file__).parent
 RESULTS = BENCH / "results" / "2026-12-02-h200"
@@ -55,16 +56,15 @@ def glue_fwd_timing_methods(results: Path) -> list[str]:
 def attention_bwd_forms(results_root: Path) -> list[str]:
     """The Flash CSA 4,096 backward's fastest trial per (num_warps, maxnreg), over every committed sweep."""
     best: dict[tuple, tuple[float, str]] = {}
-    for path in sorted(results_root.glob("**/*sweep-trials*.csv")):
-        with path.open() as f:
-            for r in csv.DictReader(f):
-                if r["kernel"] != "sparse_attn_bwd" or r["status"] != "ok" or r["shape_key"] != FLASH_CSA_4096:
-                    continue
-                config = json.loads(r["config"])
-                key = (config.get("num_warps"), config.get("maxnreg"))
-                ms = float(r["median_ms"])
-                if key not in best or ms < best[key][0]:
-                    best[key] = (ms, str(path.relative_to(results_root)))
+    for path in sorted(results_root.glob("**/*sweep-trials*.csv*")):
+        for r in read_trials(path):
+            if r["kernel"] != "sparse_attn_bwd" or r["status"] != "ok" or r["shape_key"] != FLASH_CSA_4096:
+                continue
+            config = json.loads(r["config"])
+            key = (config.get("num_warps"), config.get("maxnreg"))
+            ms = float(r["median_ms"])
+            if key not in best or ms < best[key][0]:
+                best[key] = (ms, str(path.relative_to(results_root)))
     lines = [f"### sparse_attn_bwd at `{FLASH_CSA_4096}`: fastest trial per (num_warps, maxnreg)", "",
              "| num_warps | maxnreg | ms | trials file |", "|---|---|---|---|"]
     for (warps, maxnreg), (ms, path) in sorted(best.items(), key=lambda kv: kv[1][0]):
