@@ -1,6 +1,7 @@
 """TPE sampler settings replayed against the stored grid sweeps: does another setting than the
 product's (``tuner.strategies.make_sampler``: multivariate, constant liar, 10 startup trials)
-get within 2% of the grid optimum more often at 10% and 20% of the grid's evaluations?
+get within 2% of the grid optimum more often at 10% and 20% of the grid's evaluations? Each
+variant runs inside the product's ``ValidConfigSampler``, as TPE does in a sweep.
 
 Usage: python bench/replay_sampler_variants.py SWEEP_DB_URL SWEEP_ID[,SWEEP_ID...] [SEEDS] > out.txt
 (the replay of ``tuner replay``, with the sampler swapped; no GPU; read-only on the database).
@@ -16,6 +17,7 @@ import optuna
 
 import tuner.replay as replay
 from db import open_database
+from tuner.strategies import ValidConfigSampler
 
 VARIANTS = {  # TPESampler keyword arguments
     "product (startup 10)": dict(multivariate=True, constant_liar=True, n_startup_trials=10),
@@ -34,7 +36,8 @@ def main(url: str, sweeps: str, seeds: int = 5) -> None:
     print("| variant | fraction | seeds within 2%, per grid | mean share | mean gap % |")
     print("|---|---|---|---|---|")
     for name, kwargs in VARIANTS.items():
-        replay.make_sampler = lambda strategy, seed, kwargs=kwargs: optuna.samplers.TPESampler(seed=seed, **kwargs)
+        replay.make_sampler = lambda strategy, seed, valid, dimensions, kwargs=kwargs: ValidConfigSampler(
+            valid, dimensions, seed, optuna.samplers.TPESampler(seed=seed, **kwargs), kwargs["n_startup_trials"])
         for fraction in (0.1, 0.2):
             rows = [replay.summarize(g, "tpe", fraction, [replay.replay_search(
                 g, "tpe", replay.budget_for(fraction, g.evaluations), seed) for seed in range(seeds)]) for g in grids]

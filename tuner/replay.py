@@ -7,9 +7,10 @@ live sweep of ``tuner/runner.py`` step for step, with the same Optuna samplers
 (``make_sampler``) and the same ``OptunaSource``:
 
 * the kernel's heuristic default is enqueued as the first trial when the space allows it;
-* a config the grid stored as ``pruned`` is told PRUNED and does not use the budget (a live
-  sweep prunes it before any worker sees it), but it uses one of the ``20 * budget + grid size``
-  asks the source allows;
+* the sampler proposes only configs the grid did not store as ``pruned`` (a live sweep's
+  sampler is given the configs the space allows); should one still be pruned, it is told
+  PRUNED and does not use the budget, but it uses one of the ``20 * budget + grid size`` asks
+  the source allows;
 * a config that failed (``compile_error``, ``crash``, ``timeout``, ``wrong``) is told FAIL and
   counts as an evaluation, with no value;
 * a config asked again is answered from its first evaluation and does not count again (a live
@@ -76,6 +77,12 @@ class GridMeasurements:
     def evaluations(self) -> int:
         """Configs the grid evaluated (every one its space did not prune)."""
         return sum(o.status != TrialStatus.pruned.value for o in self.outcomes.values())
+
+    @property
+    def valid_configs(self) -> list[Config]:
+        """The configs the space allows (every one the grid did not store as pruned)."""
+        return [dict(zip(self.dimensions, key)) for key, o in self.outcomes.items()
+                if o.status != TrialStatus.pruned.value]
 
     @property
     def ok_times(self) -> list[float]:
@@ -175,7 +182,8 @@ def replay_search(grid: GridMeasurements, strategy: str, budget: int, seed: int)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # else one INFO line per trial
     with warnings.catch_warnings():  # the multivariate TPE sampler is marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study = optuna.create_study(direction="minimize", sampler=make_sampler(strategy, seed))
+        study = optuna.create_study(direction="minimize",
+                                    sampler=make_sampler(strategy, seed, grid.valid_configs, grid.dimensions))
     source = OptunaSource(study, grid.dimensions, max_asks=20 * budget + len(grid.outcomes))
     if grid.default is not None:
         study.enqueue_trial(grid.default)

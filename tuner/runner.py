@@ -139,9 +139,12 @@ class SweepRunner:
         """Load what this sweep already recorded for the shape and set up its strategy."""
         key = self.kernel.shape_key(shape)
         name = self.spec.strategy.name
+        verdicts = [(config, self.space.violation(config, shape, self.arch)) for config in self.space.grid(self.arch)]
+        valid_configs = [config for config, reason in verdicts if reason is None]
+        sampled = name != "grid" and bool(valid_configs)  # else walked as a grid, below
         study = optuna.create_study(
             storage=self.storage, direction="minimize", load_if_exists=True,
-            sampler=None if name == "grid" else make_sampler(name, self.spec.strategy.seed),
+            sampler=make_sampler(name, self.spec.strategy.seed, valid_configs, self.dimensions) if sampled else None,
             study_name=f"sweep-{self.sweep_id}/{self.kernel.name}/{key}")
         with session_scope(self.engine) as session:
             rows = session.scalars(select(Trial).where(Trial.sweep_id == self.sweep_id, Trial.shape_key == key)).all()
@@ -149,13 +152,10 @@ class SweepRunner:
             ok = [r.median_ms for r in rows if r.status == TrialStatus.ok.value]
             pruned = sum(r.status == TrialStatus.pruned.value for r in rows)
             evaluated = len(rows) - pruned
-        verdicts = [(config, self.space.violation(config, shape, self.arch)) for config in self.space.grid(self.arch)]
-        valid = sum(reason is None for _, reason in verdicts)
+        valid = len(valid_configs)
         # A budget of half the shape's valid configs or more walks them as a grid does, in shuffled
-        # order: a sampler would spend ever slower asks on pruned and repeated configs looking for
-        # the last unseen ones (on the H200, TPE asked 5,534 pruned configs for 472 measured, and
-        # did not finish 100 of a shape's 104). An uncapped grid counts its pruned points too, so
-        # its budget stays the whole grid.
+        # order: a sampler would spend most of it on the few configs it models worst. An uncapped
+        # grid counts its pruned points too, so its budget stays the whole grid.
         budget = self.budget if self.spec.budget_counts_pruned else min(self.budget, valid)
         if name == "grid" or 2 * budget >= valid:
             remaining, newly_pruned = [], []

@@ -9,19 +9,21 @@ every sweep.
 * ``grid`` walks every config that satisfies the space's constraints, in an order shuffled
   by the seed. Nothing is left to sample, so it skips Optuna's per-parameter ask/suggest
   round-trips and adds each measured config to the study as a finished trial.
-* ``random`` and ``tpe`` ask Optuna (ask/tell); TPE is multivariate with the constant-liar
-  trick, so configs asked ahead for busy workers do not all land on the same spot.
+* ``random`` and ``tpe`` ask Optuna (ask/tell) through ``ValidConfigSampler``, which proposes
+  only configs the space allows and the study has not asked yet; TPE is multivariate with the
+  constant-liar trick, so configs asked ahead for busy workers do not all land on the same spot.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import optuna
-from optuna.distributions import CategoricalDistribution
-from optuna.trial import TrialState
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState
 
 if TYPE_CHECKING:
     from kernels.registry import TunableKernel
@@ -106,11 +108,80 @@ class OptunaSource:
             self.study.tell(proposal.trial_number, state=TrialState.FAIL)
 
 
-def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
+TPE_STARTUP_TRIALS = 10
+
+
+class ValidConfigSampler(optuna.samplers.BaseSampler):
+    """Proposes only configs the space allows (``valid``) and the study has not asked yet.
+
+    Sampled over the whole product of the parameters' choices, a constrained space is mostly
+    pruned configs: on the H200, TPE asked 5,534 pruned configs for 472 it measured, each ask a
+    trial that made the next TPE fit slower, and its random start-up draws were pruned as often.
+    Here the start-up draws (all of them for ``random``) are uniform over the unseen valid
+    configs; after them TPE's proposal is taken where it is valid and unseen, else the unseen
+    valid config nearest to it (fewest choices apart, counted along each parameter's list).
+    """
+
+    def __init__(self, valid: Sequence[Config], dimensions: dict[str, list[Any]], seed: int,
+                 model: optuna.samplers.TPESampler | None = None, startup_trials: int = TPE_STARTUP_TRIALS) -> None:
+        if not valid:
+            raise ValueError("a sampler needs at least one valid config")
+        self.dimensions = dimensions
+        self.distributions = {name: CategoricalDistribution(choices) for name, choices in dimensions.items()}
+        self.valid = [self._key(config) for config in valid]
+        self.model, self.startup_trials = model, startup_trials
+        self.rng = random.Random(seed)
+
+    def _key(self, params: dict[str, Any]) -> tuple[Hashable, ...]:
+        return tuple(params[name] for name in self.dimensions)
+
+    def _distance(self, key: tuple[Hashable, ...], wanted: dict[str, Any]) -> int:
+        return sum(abs(choices.index(key[i]) - choices.index(wanted[name]))
+                   for i, (name, choices) in enumerate(self.dimensions.items()) if name in wanted)
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return dict(self.distributions)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        trials = study.get_trials(deepcopy=False)
+        asked = {self._key(t.params) for t in trials if set(t.params) == set(self.dimensions)}
+        unseen = [key for key in self.valid if key not in asked] or self.valid
+        finished = sum(t.state == TrialState.COMPLETE for t in trials)
+        wanted: dict[str, Any] = {}
+        if self.model is not None and finished >= self.startup_trials:
+            space = self.model.infer_relative_search_space(study, trial)
+            wanted = self.model.sample_relative(study, trial, space)
+        if wanted:
+            nearest = min(self._distance(key, wanted) for key in unseen)
+            pick = self.rng.choice([key for key in unseen if self._distance(key, wanted) == nearest])
+        else:
+            pick = self.rng.choice(unseen)
+        return dict(zip(self.dimensions, pick))
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        raise RuntimeError(f"{param_name} is not a parameter of this sampler's space {sorted(self.dimensions)}")
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if self.model is not None:
+            self.model.before_trial(study, trial)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        if self.model is not None:
+            self.model.after_trial(study, trial, state, values)
+
+
+def make_sampler(name: str, seed: int, valid: Sequence[Config],
+                 dimensions: dict[str, list[Any]]) -> optuna.samplers.BaseSampler:
+    """The sampler of strategy ``name`` over the ``valid`` configs of ``dimensions``."""
     if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
+        return ValidConfigSampler(valid, dimensions, seed)
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=10)
+        model = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
+                                           n_startup_trials=TPE_STARTUP_TRIALS)
+        return ValidConfigSampler(valid, dimensions, seed, model)
     raise ValueError(f"unknown sampling strategy {name!r}; use random or tpe")
 
 
