@@ -118,3 +118,27 @@ def test_merging_a_merged_table_keeps_its_provenance_chain(tmp_path):
     chain = table["provenance"]["kept_from"]
     assert chain["entries"] == {"c": 1} and chain["sweep_ids"] == [3, 4]
     assert chain["kept_from"]["sweep_ids"] == [81] and chain["kept_from"]["entries"] == {"c": 1}
+
+
+
+def test_merge_names_a_faster_kept_entry_and_keeps_it_for_fastest_kernels(tmp_path):
+    engine = _database(tmp_path, newer_winner_ms=1.5)  # a: 1 ms with --fastest a; b: the newest winner, 1.5 ms
+    out = tmp_path / "out"
+    _previous_table(out, {"a": {SHAPE: {"config": {"BLOCK": 8}, "median_ms": 0.7, "retime_ms": 0.8}},
+                          "b": {SHAPE: {"config": {"BLOCK": 8}, "median_ms": 1.1, "retime_ms": 1.2}}})
+    path, slower = export_table(engine, "sm_90", out, fastest=["a"], merge=True)
+    table = json.loads(path.read_text())
+    assert table["entries"]["a"][SHAPE]["config"] == {"BLOCK": 8}  # 0.8 ms (re-timed) beats the database's 1 ms
+    assert table["entries"]["b"][SHAPE]["config"] == {"BLOCK": 32}  # b is not in --fastest: the newest winner
+    assert table["provenance"]["kept_from"]["entries"] == {"a": 1}
+    assert [line for line in slower if "merged table" in line] == [
+        "b n=100: this export's entry takes 1.5 ms, the merged table's 1.2 ms"]
+
+
+def test_merge_says_nothing_of_a_kept_entry_within_timing_noise(tmp_path):
+    engine = _database(tmp_path, newer_winner_ms=1.5)
+    out = tmp_path / "out"
+    _previous_table(out, {"b": {SHAPE: {"config": {"BLOCK": 8}, "median_ms": 1.45, "retime_ms": None}}})
+    path, slower = export_table(engine, "sm_90", out, merge=True)
+    assert json.loads(path.read_text())["entries"]["b"][SHAPE]["config"] == {"BLOCK": 32}
+    assert not [line for line in slower if "merged table" in line]

@@ -177,7 +177,8 @@ def export(arch: Annotated[str, typer.Option(help="arch to export, e.g. sm_90")]
                help="for this kernel (repeatable; 'all': every kernel) take the fastest winner of any sweep, "
                     "not the newest sweep's: for kernels unchanged since the older sweep")] = None,
            merge: Annotated[bool, typer.Option(
-               help="keep the existing table's entries for (kernel, shape) pairs the database has no trial for")] = False,
+               help="keep the existing table's entries for (kernel, shape) pairs the database has no trial for, "
+                    "and its faster entries of the kernels given to --fastest")] = False,
            ) -> None:
     """Write the tuned table of ARCH from the database; warn where an older sweep's winner was faster."""
     path, slower = export_table(state.engine, arch, out, skip_kernel or (), fastest or (), merge)

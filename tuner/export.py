@@ -9,7 +9,8 @@ code has not changed since the older sweep. ``wrong`` configs can never be expor
 rows are read. With ``merge``, the entries of the table already at the output path are kept
 for every (kernel, shape) the database has no trial for (a sweep database lost or kept
 elsewhere, a re-sweep of some kernels only); the provenance then says which entries were kept
-and from which export. The file is written to a temporary name and renamed, so a reader never
+and from which export. Where that table's entry is faster than the database's, the export
+names it, and keeps it for the kernels in ``fastest``. The file is written to a temporary name and renamed, so a reader never
 sees half a table.
 """
 
@@ -108,20 +109,37 @@ def build_table(trials: list[Trial], arch: str, skipped: Sequence[str] = (),
     }
 
 
-def _merged(table: dict[str, Any], previous: dict[str, Any], skip: Sequence[str]) -> dict[str, Any]:
+def _entry_ms(entry: dict[str, Any]) -> float | None:
+    return entry.get("retime_ms") if entry.get("retime_ms") is not None else entry.get("median_ms")
+
+
+def _merged(table: dict[str, Any], previous: dict[str, Any], skip: Sequence[str],
+            fastest: Collection[str]) -> tuple[dict[str, Any], list[str]]:
     """``table`` plus the ``previous`` table's entries of (kernel, shape) pairs it lacks (not of skipped
-    kernels), the devices, hosts and toolchains joined, and the kept entries counted per kernel with
-    the sweep ids of their (other) database."""
+    kernels), and of pairs where the previous entry is faster, for the kernels in ``fastest``; the
+    devices, hosts and toolchains joined, and the kept entries counted per kernel with the sweep ids
+    of their (other) database. Also one line per previous entry faster, beyond timing noise, than
+    the one exported instead."""
     kept: dict[str, int] = {}
+    slower: list[str] = []
     for kernel, shapes in previous.get("entries", {}).items():
         if kernel in skip:
             continue
         for key, entry in shapes.items():
-            if key not in table["entries"].get(kernel, {}):
-                table["entries"].setdefault(kernel, {})[key] = entry
-                kept[kernel] = kept.get(kernel, 0) + 1
+            new = table["entries"].get(kernel, {}).get(key)
+            if new is not None:
+                old_ms, new_ms = _entry_ms(entry), _entry_ms(new)
+                if old_ms is None or new_ms is None or old_ms >= new_ms:
+                    continue
+                if ALL not in fastest and kernel not in fastest:
+                    if new_ms > old_ms * (1 + REGRESSION_TOLERANCE):
+                        slower.append(f"{kernel} {key}: this export's entry takes {new_ms:.4g} ms, the merged "
+                                      f"table's {old_ms:.4g} ms")
+                    continue
+            table["entries"].setdefault(kernel, {})[key] = entry
+            kept[kernel] = kept.get(kernel, 0) + 1
     if not kept:
-        return table
+        return table, slower
     old, new = previous.get("provenance", {}), table["provenance"]
     for field in ("devices", "sm_counts", "hosts"):
         new[field] = sorted(set(new[field]) | set(old.get(field, [])))
@@ -131,7 +149,7 @@ def _merged(table: dict[str, Any], previous: dict[str, Any], skip: Sequence[str]
                         "entries": dict(sorted(kept.items()))}
     if "kept_from" in old:  # that table kept entries of an older one in turn: the chain stays readable
         new["kept_from"]["kept_from"] = old["kept_from"]
-    return table
+    return table, slower
 
 
 def _previous_table(path: Path, arch: str) -> dict[str, Any]:
@@ -148,7 +166,8 @@ def _previous_table(path: Path, arch: str) -> dict[str, Any]:
 
 def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: Sequence[str] = (),
                  fastest: Sequence[str] = (), merge: bool = False) -> tuple[Path, list[str]]:
-    """Write ``<out_dir>/<arch>.json`` atomically; its path and the :func:`regressions` of what it holds.
+    """Write ``<out_dir>/<arch>.json`` atomically; its path and the :func:`regressions` of what it holds
+    (with ``merge``, also the merged table's entries faster than what replaced them).
 
     ``skip`` leaves kernels out (their launches then use the heuristic default), e.g. while
     their sweeps are known to be unfinished; ``fastest`` (see :func:`best_trials`). The table's
@@ -166,8 +185,10 @@ def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: S
         raise NothingToExport(f"no ok trials for arch {arch!r} in the database")
     path = table_path(arch, out_dir)
     table = build_table(trials, arch, skip, fastest)
+    slower = regressions(trials, _choose(rows, (ALL,)))
     if merge:
-        table = _merged(table, _previous_table(path, arch), skip)
+        table, slower_than_kept = _merged(table, _previous_table(path, arch), skip, fastest)
+        slower += slower_than_kept
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{arch}.", suffix=".json")
     try:
@@ -178,4 +199,4 @@ def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: S
     except BaseException:
         os.unlink(tmp)
         raise
-    return path, regressions(trials, _choose(rows, (ALL,)))
+    return path, slower
