@@ -321,6 +321,15 @@ def compressor_bwd_hca_8192_specs() -> list[tuple[str, dict]]:
     return [("compressor_bwd-hca-8192-grid", grid_spec("compressor_bwd", shapes))]
 
 
+# The indexer's whole space (77,130 valid configs at the Flash 4,096 shape), by TPE from valid
+# configs only, at its four shapes: the earlier sweeps gridded slices of it.
+INDEXER_TPE_TRIALS = 200
+
+
+def indexer_tpe_specs() -> list[tuple[str, dict]]:
+    return [("indexer_fwd-tpe", tpe_spec("indexer_fwd", shapes_of("indexer_fwd"), INDEXER_TPE_TRIALS))]
+
+
 # The router forward's top-k rounds as one argmax each (ARGMAX 1: 93 sm_90 instructions a round
 # against 195 at one token a warp, offline; 178 against 126 at two) beside max-then-min, over the
 # tuned tilings' neighbours, at the four router shapes.
@@ -356,6 +365,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "router-argmax": router_argmax_specs,
     "search-efficiency": search_efficiency_specs,
     "compressor-bwd-hca-8192": compressor_bwd_hca_8192_specs,
+    "indexer-tpe": indexer_tpe_specs,
 }
 
 
