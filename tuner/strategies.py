@@ -114,9 +114,10 @@ TPE_STARTUP_TRIALS = 10
 class ValidConfigSampler(optuna.samplers.BaseSampler):
     """Proposes only configs the space allows (``valid``) and the study has not asked yet.
 
-    Sampled over the whole product of the parameters' choices, a constrained space is mostly
-    pruned configs: on the H200, TPE asked 5,534 pruned configs for 472 it measured, each ask a
-    trial that made the next TPE fit slower, and its random start-up draws were pruned as often.
+    Sampled over the whole product of the parameters' choices, a constrained space asks pruned
+    configs, each a trial that makes the next TPE fit slower: on the H200, TPE asked 1,460 pruned
+    configs at a compressor shape with 104 valid of 4,000 and measured none in two minutes, and
+    26-45 pruned for every 100 measured at the others.
     Here the start-up draws (all of them for ``random``) are uniform over the unseen valid
     configs; after them TPE's proposal is taken where it is valid and unseen, else the unseen
     valid config nearest to it (fewest choices apart, counted along each parameter's list).
