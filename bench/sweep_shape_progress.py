@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 from datetime import datetime
+from pathlib import Path
 
 from trials_csv import read_trials  # bench/ is the script directory
 
@@ -21,7 +22,7 @@ def rows_of(label: str, path: str, sweep_id: str) -> list[str]:
             by_shape[r["shape_key"]].append(r)
     lines = []
     for shape, trials in by_shape.items():
-        measured = [t for t in trials if t["status"] not in ("pruned",)]
+        measured = [t for t in trials if t["status"] != "pruned"]
         starts = [datetime.fromisoformat(t["started_at"]) for t in measured if t["started_at"]]
         ends = [datetime.fromisoformat(t["finished_at"]) for t in measured if t["finished_at"]]
         ok = [float(t["median_ms"]) for t in trials if t["status"] == "ok"]
@@ -31,16 +32,30 @@ def rows_of(label: str, path: str, sweep_id: str) -> list[str]:
     return lines
 
 
+def _run_of(arg: str) -> tuple[str, str, str]:
+    """(label, trials CSV, sweep id) of one LABEL=TRIALS_CSV:SWEEP_ID argument; exit 2 naming what is wrong."""
+    label, _, rest = arg.partition("=")
+    path, _, sweep_id = rest.rpartition(":")
+    problem = None
+    if not (label and path and sweep_id.isdigit()):
+        problem = "expected LABEL=TRIALS_CSV:SWEEP_ID with a numeric sweep id"
+    elif not Path(path).is_file():
+        problem = f"no file {path}"
+    if problem:
+        print(f"error: {arg!r}: {problem}", file=sys.stderr)
+        sys.exit(2)
+    return label, path, sweep_id
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         print(__doc__.split("Usage: ")[1], file=sys.stderr, end="")
         sys.exit(2)
+    runs = [_run_of(arg) for arg in sys.argv[1:]]  # every argument checked before any output
     print("| run | shape | measured | pruned rows | wall s (first start to last end) | best ms |")
     print("|---|---|---|---|---|---|")
-    for arg in sys.argv[1:]:
-        label, _, rest = arg.partition("=")
-        path, _, sweep_id = rest.rpartition(":")
-        for line in rows_of(label, path, sweep_id):
+    for run in runs:
+        for line in rows_of(*run):
             print(line)
 
 

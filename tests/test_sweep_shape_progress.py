@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TRIALS = "bench/results/2026-12-02c-h200/sweep-trials-compressor.csv.gz"
 
@@ -28,3 +30,14 @@ def test_rows_per_shape_of_the_named_sweep():
 def test_no_argument_prints_the_usage_and_exits_2():
     proc = _run()
     assert proc.returncode == 2 and "LABEL=TRIALS_CSV:SWEEP_ID" in proc.stderr
+
+
+@pytest.mark.parametrize(("arg", "message"), [
+    ("call 5", "expected LABEL=TRIALS_CSV:SWEEP_ID"),
+    (f"call 5={TRIALS}:two", "expected LABEL=TRIALS_CSV:SWEEP_ID"),
+    ("call 5=no/such.csv.gz:2", "no file no/such.csv.gz"),
+])
+def test_a_bad_argument_is_named_and_exits_2_with_nothing_printed(arg, message):
+    proc = _run(f"ok={TRIALS}:2", arg)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
