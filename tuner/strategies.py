@@ -130,6 +130,7 @@ class ValidConfigSampler(optuna.samplers.BaseSampler):
         self.dimensions = dimensions
         self.distributions = {name: CategoricalDistribution(choices) for name, choices in dimensions.items()}
         self.valid = [self._key(config) for config in valid]
+        self.positions = [{choice: i for i, choice in enumerate(choices)} for choices in dimensions.values()]
         self.model, self.startup_trials = model, startup_trials
         self.rng = random.Random(seed)
 
@@ -137,8 +138,8 @@ class ValidConfigSampler(optuna.samplers.BaseSampler):
         return tuple(params[name] for name in self.dimensions)
 
     def _distance(self, key: tuple[Hashable, ...], wanted: dict[str, Any]) -> int:
-        return sum(abs(choices.index(key[i]) - choices.index(wanted[name]))
-                   for i, (name, choices) in enumerate(self.dimensions.items()) if name in wanted)
+        return sum(abs(position[key[i]] - position[wanted[name]])
+                   for i, (name, position) in enumerate(zip(self.dimensions, self.positions)) if name in wanted)
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return dict(self.distributions)
@@ -154,8 +155,9 @@ class ValidConfigSampler(optuna.samplers.BaseSampler):
             space = self.model.infer_relative_search_space(study, trial)
             wanted = self.model.sample_relative(study, trial, space)
         if wanted:
-            nearest = min(self._distance(key, wanted) for key in unseen)
-            pick = self.rng.choice([key for key in unseen if self._distance(key, wanted) == nearest])
+            distances = [self._distance(key, wanted) for key in unseen]
+            nearest = min(distances)
+            pick = self.rng.choice([key for key, d in zip(unseen, distances) if d == nearest])
         else:
             pick = self.rng.choice(unseen)
         return dict(zip(self.dimensions, pick))
