@@ -1,10 +1,12 @@
 """How many counting passes the indexer's selection takes per score row, on the benchmark's integer
 inputs and on Gaussian ones (V4's scale), at the Flash and Pro indexer shapes.
 
-The selection (``kernels/indexer.py``) builds the k-th largest uint32 key a bit at a time from the
-top and stops a row once exactly k keys lie at or above its threshold, so its time depends on the
-values, where the bisection it replaced always took 32 passes. This replays that search in torch,
-on the CPU, over the scores of the eager reference.
+The selection (``kernels/indexer.py``) either builds the k-th largest uint32 key a bit at a time
+from the top, stopping a row once exactly k keys lie at or above its threshold, or
+(``SELECT_INTERP``) interpolates the counts between the ends of a bracket of keys. Either way its
+time depends on the values. This replays both searches in torch, on the CPU, over the scores of
+the eager reference; "key work" weighs each pass by the per-key reductions it takes (1 for a
+count, 3 once the interpolating search also snaps its ends to the nearest keys).
 
 Usage: python bench/indexer_select_passes.py OUT.md
 """
@@ -17,9 +19,11 @@ from pathlib import Path
 import torch
 
 from kernels import registry
-from kernels.indexer import INDEX_DIM, INDEX_HEADS, INDEX_RATIO, index_scores_reference
+from kernels.indexer import (_BISECT_AFTER, _SNAP_AFTER, INDEX_DIM, INDEX_HEADS, INDEX_RATIO,
+                             index_scores_reference)
 
 KEY_BITS = 32
+NO_KEY = 1 << KEY_BITS
 
 
 def order_keys(scores: torch.Tensor) -> torch.Tensor:
@@ -50,6 +54,51 @@ def passes_per_row(scores: torch.Tensor, topk: int) -> torch.Tensor:
     return passes
 
 
+def key_values(keys: torch.Tensor) -> torch.Tensor:
+    """fp32 values of int64 order keys (the kernel's ``_key_value``)."""
+    bits = torch.where(keys >= 1 << 31, keys - (1 << 31), NO_KEY - 1 - keys)
+    return torch.where(bits >= 1 << 31, bits - NO_KEY, bits).to(torch.int32).view(torch.float32)
+
+
+def interpolated_passes_per_row(scores: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counting passes, and reductions over the keys, of each row under the interpolating search
+    (``kernels.indexer._interpolated_threshold``, step for step)."""
+    keys = order_keys(scores)
+    visible = scores > -float("inf")
+    want = visible.sum(-1).clamp(max=topk)
+    lo = torch.where(visible, keys, NO_KEY - 1).min(-1).values
+    hi = keys.max(-1).values + 1
+    n_lo = visible.sum(-1)
+    res_lo, res_hi = (n_lo - want).float(), -want.float()
+    kept = torch.zeros_like(want)
+    passes, work = torch.zeros_like(want), torch.zeros_like(want)
+    active = (n_lo != want) & (hi - lo > 1)
+    step = 0
+    while active.any():
+        share = res_lo / torch.where(active, res_lo - res_hi, torch.ones_like(res_lo))
+        value_lo, value_hi = key_values(lo), key_values(hi - 1)
+        guess = order_keys(value_lo + (value_hi - value_lo) * share)
+        if step >= _BISECT_AFTER:
+            guess = lo + (hi - lo) // 2
+        candidate = torch.minimum(torch.maximum(guess, lo + 1), hi - 1)
+        at_or_above = (keys >= candidate[..., None]) & visible
+        n = at_or_above.sum(-1)
+        new_lo, new_hi = candidate, candidate
+        if step >= _SNAP_AFTER:
+            new_lo = torch.where(at_or_above, keys, NO_KEY).min(-1).values
+            new_hi = torch.where(at_or_above | ~visible, -1, keys).max(-1).values + 1
+        up, down = active & (n >= want), active & (n < want)
+        res_lo, res_hi = (torch.where(up, (n - want).float(), torch.where(down & (kept == -1), 0.5 * res_lo, res_lo)),
+                          torch.where(down, (n - want).float(), torch.where(up & (kept == 1), 0.5 * res_hi, res_hi)))
+        lo, n_lo, hi = torch.where(up, new_lo, lo), torch.where(up, n, n_lo), torch.where(down, new_hi, hi)
+        kept = torch.where(up, 1, torch.where(down, -1, kept))
+        passes += active
+        work += active * (3 if step >= _SNAP_AFTER else 1)
+        active = (n_lo != want) & (hi - lo > 1)
+        step += 1
+    return passes, work
+
+
 def gaussian_inputs(seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k unit-normal bf16 and w ~ N(0, 1/(H*D)), as the V4 model scales them."""
     gen = torch.Generator().manual_seed(seed)
@@ -64,8 +113,9 @@ def main() -> None:
         print(__doc__.split("Usage: ")[1], file=sys.stderr, end="")
         sys.exit(2)
     kernel = registry.get("indexer_fwd")
-    lines = ["| seq | topk | inputs | rows that pick (see > topk) | mean passes | max | rows taking all 32 |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| seq | topk | inputs | rows that pick (see > topk) | bisection: mean passes | max | rows taking all 32 "
+             "| interpolating: mean passes | max | mean key work |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for seq in (4096, 8192):
         inputs = kernel.make_inputs({"batch": 1, "seq": seq, "topk": 512}, torch.device("cpu"), 0)
         scores = {"integer (bench)": index_scores_reference(inputs["q"], inputs["k"], inputs["w"]),
@@ -75,10 +125,12 @@ def main() -> None:
                 picks = (rows[0] > -float("inf")).sum(-1) > topk  # the others take all they see: no pass
                 picking = passes_per_row(rows, topk)[0, picks]
                 if not picking.numel():
-                    lines.append(f"| {seq} | {topk} | {name} | 0 | - | - | - |")
+                    lines.append(f"| {seq} | {topk} | {name} | 0 | - | - | - | - | - | - |")
                     continue
+                passes, work = (t[0, picks].float() for t in interpolated_passes_per_row(rows, topk))
                 lines.append(f"| {seq} | {topk} | {name} | {picking.numel()} | {picking.float().mean():.1f} | "
-                             f"{picking.max()} | {(picking == KEY_BITS).float().mean():.1%} |")
+                             f"{picking.max()} | {(picking == KEY_BITS).float().mean():.1%} | {passes.mean():.1f} | "
+                             f"{passes.max():.0f} | {work.mean():.1f} |")
             print(lines[-1], flush=True)
     Path(sys.argv[1]).write_text("\n".join(lines) + "\n")
 

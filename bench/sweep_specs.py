@@ -27,6 +27,7 @@ from typing import Callable
 import yaml
 
 from kernels import registry
+from kernels.tuning import load_table
 from search_spaces import load_space
 
 MEMORY_BOUND = ("mhc_glue_fwd", "mhc_glue_bwd", "mhc_collapse_fwd", "mhc_collapse_bwd", "mhc_expand_fwd",
@@ -330,6 +331,25 @@ def indexer_tpe_specs() -> list[tuple[str, dict]]:
     return [("indexer_fwd-tpe", tpe_spec("indexer_fwd", shapes_of("indexer_fwd"), INDEXER_TPE_TRIALS))]
 
 
+# The selection's interpolating threshold search (SELECT_INTERP 1: about 6 counting passes a row
+# against 15-19, bench/indexer_select_passes.py) beside the bisection, over the selection's rows and
+# warps, each shape's scoring held at its committed sm_90 entry (the 2026-12-02d TPE winners).
+INDEXER_INTERP_SELECT_SPACE = {"SELECT_ROWS": [1, 2, 4], "SELECT_WARPS": [1, 2, 4, 8], "SELECT_INTERP": [0, 1]}
+INDEXER_SCORING_PARAMS = ("BLOCK_S", "BLOCK_H", "BLOCK_T", "KEY_TILES", "LATE_HEAD_SUM", "num_warps", "num_stages",
+                          "maxnreg")
+
+
+def indexer_interp_select_specs() -> list[tuple[str, dict]]:
+    entries = load_table("sm_90")["entries"]["indexer_fwd"]
+    specs = []
+    for shape in shapes_of("indexer_fwd"):
+        scoring = entries[",".join(f"{k}={v}" for k, v in shape.items())]["config"]
+        space = {p: [scoring[p]] for p in INDEXER_SCORING_PARAMS} | INDEXER_INTERP_SELECT_SPACE
+        specs.append((f"indexer_fwd-interp-select-grid-{shape['seq']}-{shape['topk']}",
+                      grid_spec("indexer_fwd", [shape], space)))
+    return specs
+
+
 # The router forward's top-k rounds as one argmax each (ARGMAX 1: 93 sm_90 instructions a round
 # against 195 at one token a warp, offline; 178 against 126 at two) beside max-then-min, over the
 # tuned tilings' neighbours, at the four router shapes.
@@ -366,6 +386,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "search-efficiency": search_efficiency_specs,
     "compressor-bwd-hca-8192": compressor_bwd_hca_8192_specs,
     "indexer-tpe": indexer_tpe_specs,
+    "indexer-interp-select": indexer_interp_select_specs,
 }
 
 

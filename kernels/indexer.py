@@ -32,8 +32,11 @@ Two launches, tuned together as ``indexer_fwd``:
   values each) in registers, maps every score to an order-preserving uint32 key (-0.0 and
   +0.0 as one) and finds the k-th largest key exactly, a bit at a time from the top (at
   most 32 counting passes; a row stops once exactly k keys lie at or above its threshold,
-  so the passes depend on how close its scores are); the entries above it and, of those
-  equal to it, the lowest indices fill the k slots,
+  so the passes depend on how close its scores are), or with ``SELECT_INTERP`` by
+  interpolating the counts between the ends of a bracket (about 6 passes a row on V4-scale
+  and on the bench's integer scores, against 15-19: ``bench/indexer_select_passes.py``;
+  each pass after the fourth also takes the nearest keys to the candidate, two more
+  reductions); the entries above it and, of those equal to it, the lowest indices fill the k slots,
   compacted by prefix sums. So ties go to the lower index, and the output lists each
   query's picks in ascending index order (not by score). Queries with fewer than topk
   visible entries take all of them, padded with index -1 (score -inf).
@@ -132,27 +135,33 @@ def _score_kernel(
                  mask=(queries < seq)[:, None] & (keys[None, :] < visible[:, None]))
 
 
+# The interpolating search's schedule (``SELECT_INTERP``): passes that only count before the bracket
+# also snaps to the nearest keys (ties at the k-th place end only once the bracket holds one key
+# value), and passes before it falls back to halving the bracket (a bound on any row's passes).
+_SNAP_AFTER = tl.constexpr(4)
+_BISECT_AFTER = tl.constexpr(12)
+
+
 @triton.jit
-def _select_kernel(
-    scores_ptr, indices_ptr, top_ptr, n_rows, seq, n_keys, ratio, topk, pad_score,
-    SELECT_ROWS: tl.constexpr, KEYS_PAD: tl.constexpr, TOPK_PAD: tl.constexpr,
-):
-    rows = tl.program_id(0) * SELECT_ROWS + tl.arange(0, SELECT_ROWS)
-    row_mask = rows < n_rows
-    n_visible = tl.where(row_mask, tl.minimum((rows % seq + 1) // ratio, n_keys), 0)
-    want = tl.minimum(n_visible, topk)
-    rows = rows.to(tl.int64)
-    keys = tl.arange(0, KEYS_PAD)
-    valid = keys[None, :] < n_visible[:, None]
-    x = tl.load(scores_ptr + rows[:, None] * n_keys + keys[None, :], mask=valid, other=0.0)
-    # Order-preserving uint32 keys (negatives' bits all flipped, the others' sign bit set; -0.0
-    # joins +0.0); masked-out scores take key 0, below every candidate threshold.
+def _order_key(x):
+    """Order-preserving uint32 keys of fp32 ``x`` (negatives' bits all flipped, the others' sign bit
+    set; -0.0 joins +0.0)."""
     bits = x.to(tl.int32, bitcast=True)
-    flipped = tl.where(x == 0.0, -2147483648, bits ^ ((bits >> 31) | -2147483648))
-    order = tl.where(valid, flipped, 0).to(tl.uint32, bitcast=True)
-    # The want-th largest key, a bit at a time from the top: the threshold takes a bit when at
-    # least `want` keys lie at or above it with the bit set. A row is done once exactly `want`
-    # keys lie at or above its threshold (those are its picks); the loop ends when every row is.
+    return tl.where(x == 0.0, -2147483648, bits ^ ((bits >> 31) | -2147483648)).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _key_value(key):
+    """The fp32 value of an order key (``_order_key``'s inverse; +0.0 for the zeros' key)."""
+    bits = key.to(tl.int32, bitcast=True)
+    return (bits ^ tl.where(bits < 0, -2147483648, -1)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bisected_threshold(order, n_visible, want, SELECT_ROWS: tl.constexpr):
+    """The want-th largest key of each row, a bit at a time from the top: the threshold takes a bit
+    when at least ``want`` keys lie at or above it with the bit set. A row is done once exactly
+    ``want`` keys lie at or above its threshold (those are its picks); the loop ends when every row is."""
     thr = tl.zeros([SELECT_ROWS], tl.uint32)
     at_or_above = n_visible
     bit = 31
@@ -163,6 +172,78 @@ def _select_kernel(
         thr = tl.where(enough, candidate, thr)
         at_or_above = tl.where(enough, n, at_or_above)
         bit -= 1
+    return thr
+
+
+@triton.jit
+def _interpolated_threshold(order, n_visible, want):
+    """A threshold with the same picks as ``_bisected_threshold``'s, in fewer counting passes.
+
+    Each row keeps a bracket ``lo < hi`` of keys with at least ``want`` keys at or above lo and fewer
+    at or above hi. A pass counts the keys at or above a candidate inside it and moves one end
+    there, so the bracket holds whatever the candidate. The candidate interpolates the counts
+    linearly in score value between the ends (regula falsi, with the Illinois rule: a kept end's
+    residual is halved when it is kept twice running). After ``_SNAP_AFTER`` passes the moved end
+    snaps to the nearest key (on integer scores, ties at the k-th place end only when one key value
+    remains); after ``_BISECT_AFTER`` the candidate is the midpoint. A row stops when exactly
+    ``want`` keys lie at or above lo, or when lo is the want-th largest key itself (``hi == lo + 1``).
+    """
+    no_key = tl.full(order.shape, -1, tl.int32).to(tl.uint32, bitcast=True)  # above every key
+    lo = tl.min(tl.where(order > 0, order, no_key), axis=1).to(tl.int64)  # masked-out keys are 0
+    hi = tl.max(order, axis=1).to(tl.int64) + 1
+    n_lo = n_visible
+    res_lo = (n_visible - want).to(tl.float32)  # count at the end minus want: >= 0 at lo, < 0 at hi
+    res_hi = -want.to(tl.float32)
+    kept = tl.zeros_like(want)  # the end the last pass moved: 1 lo, -1 hi
+    active = (n_lo != want) & (hi - lo > 1)
+    step = 0
+    while tl.max(active.to(tl.int32), axis=0) > 0:
+        value_lo = _key_value(lo.to(tl.uint32))
+        value_hi = _key_value((hi - 1).to(tl.uint32))
+        share = res_lo / tl.where(active, res_lo - res_hi, 1.0)  # in (0, 1) on active rows
+        guess = _order_key(value_lo + (value_hi - value_lo) * share).to(tl.int64)
+        if step >= _BISECT_AFTER:
+            guess = lo + (hi - lo) // 2
+        candidate = tl.minimum(tl.maximum(guess, lo + 1), hi - 1)
+        at_or_above = order >= candidate.to(tl.uint32)[:, None]
+        n = tl.sum(at_or_above.to(tl.int32), axis=1)
+        new_lo = candidate
+        new_hi = candidate
+        if step >= _SNAP_AFTER:
+            new_lo = tl.min(tl.where(at_or_above, order, no_key), axis=1).to(tl.int64)
+            new_hi = tl.max(tl.where(at_or_above, tl.zeros_like(order), order), axis=1).to(tl.int64) + 1
+        up = active & (n >= want)
+        down = active & (n < want)
+        res_lo = tl.where(up, (n - want).to(tl.float32), tl.where(down & (kept == -1), 0.5 * res_lo, res_lo))
+        res_hi = tl.where(down, (n - want).to(tl.float32), tl.where(up & (kept == 1), 0.5 * res_hi, res_hi))
+        lo = tl.where(up, new_lo, lo)
+        n_lo = tl.where(up, n, n_lo)
+        hi = tl.where(down, new_hi, hi)
+        kept = tl.where(up, 1, tl.where(down, -1, kept))
+        active = (n_lo != want) & (hi - lo > 1)
+        step += 1
+    return lo.to(tl.uint32)
+
+
+@triton.jit
+def _select_kernel(
+    scores_ptr, indices_ptr, top_ptr, n_rows, seq, n_keys, ratio, topk, pad_score,
+    SELECT_ROWS: tl.constexpr, KEYS_PAD: tl.constexpr, TOPK_PAD: tl.constexpr, SELECT_INTERP: tl.constexpr,
+):
+    rows = tl.program_id(0) * SELECT_ROWS + tl.arange(0, SELECT_ROWS)
+    row_mask = rows < n_rows
+    n_visible = tl.where(row_mask, tl.minimum((rows % seq + 1) // ratio, n_keys), 0)
+    want = tl.minimum(n_visible, topk)
+    rows = rows.to(tl.int64)
+    keys = tl.arange(0, KEYS_PAD)
+    valid = keys[None, :] < n_visible[:, None]
+    x = tl.load(scores_ptr + rows[:, None] * n_keys + keys[None, :], mask=valid, other=0.0)
+    # Masked-out scores take key 0, below every candidate threshold.
+    order = tl.where(valid, _order_key(x), 0)
+    if SELECT_INTERP:
+        thr = _interpolated_threshold(order, n_visible, want)
+    else:
+        thr = _bisected_threshold(order, n_visible, want, SELECT_ROWS)
     above = valid & (order > thr[:, None])
     at = valid & (order == thr[:, None])
     room = want - tl.sum(above.to(tl.int32), axis=1)
@@ -211,7 +292,7 @@ def _select(rows: torch.Tensor, topk: int, ratio: int, config: Config, compile_o
         (triton.cdiv(batch * seq, config["SELECT_ROWS"]),),
         (rows, indices, scores, batch * seq, seq, n_keys, ratio, topk, pad_score),
         {"SELECT_ROWS": config["SELECT_ROWS"], "KEYS_PAD": triton.next_power_of_2(max(1, n_keys)),
-         "TOPK_PAD": triton.next_power_of_2(topk)},
+         "TOPK_PAD": triton.next_power_of_2(topk), "SELECT_INTERP": config.get("SELECT_INTERP", 0)},
         {**config, "num_warps": config["SELECT_WARPS"], "num_stages": 1},
         compile_only,
     )

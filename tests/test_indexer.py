@@ -102,25 +102,30 @@ def test_equal_scores_pick_the_lowest_indices():
     assert (scores[indices >= 0] == 0).all()
 
 
+@pytest.mark.parametrize("select_interp", [0, 1])
 @pytest.mark.parametrize("topk", [1, 5, 40])
-def test_selection_matches_a_stable_sort_on_tied_rows(topk):
+def test_selection_matches_a_stable_sort_on_tied_rows(topk, select_interp):
     """Score rows of five values, -0.0 and +0.0 among them: most picks are among equal scores,
     which go to the lower index, -0.0 tying with +0.0."""
     gen = torch.Generator().manual_seed(topk)
     levels = torch.tensor([-1.5, -0.0, 0.0, 2.0, 3.25])
     rows = levels[torch.randint(5, (3, 150, 37), generator=gen)].to(DEVICE)
-    config = registry.get("indexer_fwd").default_config({"batch": 3, "seq": 150, "topk": topk})
+    config = {**registry.get("indexer_fwd").default_config({"batch": 3, "seq": 150, "topk": topk}),
+              "SELECT_INTERP": select_interp}
     indices, scores = indexer._select(rows, topk, 4, config)
     hidden = torch.arange(37, device=DEVICE) >= _visible(150, 37, 4)[:, None]
     ref_indices, ref_scores = select_topk_reference(rows.masked_fill(hidden, -float("inf")), topk)
     assert torch.equal(indices, ref_indices) and torch.equal(scores, ref_scores)
 
 
+@pytest.mark.parametrize("select_interp", [0, 1])
 @pytest.mark.parametrize("select_rows", [1, 4])
-def test_selection_matches_a_stable_sort_across_the_float_range(select_rows):
-    """Scores of both signs from subnormal to 1e38, some repeated: the threshold search takes
-    every one of the 32 key bits (high ones set apart the signs and exponents, low ones the
-    near-equal values), and rows that finish early wait in a program with rows that do not."""
+def test_selection_matches_a_stable_sort_across_the_float_range(select_rows, select_interp):
+    """Scores of both signs from subnormal to 1e38, some repeated: the bisection takes every one of
+    the 32 key bits (high ones set apart the signs and exponents, low ones the near-equal values),
+    the interpolating search falls back to halving its bracket (interpolated values land far
+    from the k-th across such a range), and rows that finish early wait in a program with rows
+    that do not."""
     gen = torch.Generator().manual_seed(select_rows)
     magnitude = torch.exp2(torch.randint(-140, 127, (2, 96, 24), generator=gen).float())
     sign = torch.randint(0, 2, (2, 96, 24), generator=gen) * 2 - 1
@@ -129,10 +134,28 @@ def test_selection_matches_a_stable_sort_across_the_float_range(select_rows):
     values[:, 1::5, 5] = torch.nextafter(values[:, 1::5, 6], torch.tensor(float("inf")))  # one ulp apart
     rows = values.to(DEVICE)
     config = {**registry.get("indexer_fwd").default_config({"batch": 2, "seq": 96, "topk": 7}),
-              "SELECT_ROWS": select_rows}
+              "SELECT_ROWS": select_rows, "SELECT_INTERP": select_interp}
     indices, scores = indexer._select(rows, 7, 4, config)
     hidden = torch.arange(24, device=DEVICE) >= _visible(96, 24, 4)[:, None]
     ref_indices, ref_scores = select_topk_reference(rows.masked_fill(hidden, -float("inf")), 7)
+    assert torch.equal(indices, ref_indices) and torch.equal(scores, ref_scores)
+
+
+@pytest.mark.parametrize("select_interp", [0, 1])
+def test_selection_matches_a_stable_sort_on_index_score_rows(select_interp):
+    """Rows of up to 300 Gaussian index scores (V4's scale), with near-equal pairs one ulp apart and
+    repeated values at random places: the interpolating search's passes go on past its first
+    counting-only ones, so both its ends move and snap to keys."""
+    q, k, w = _gaussian(1, 1200, 8, 32, 4, seed=11)
+    rows = index_scores_reference(q, k, w, 4)[0]
+    gen = torch.Generator().manual_seed(11)
+    pairs = torch.randint(0, 299, (400,), generator=gen)
+    rows[800:, pairs] = torch.nextafter(rows[800:, pairs + 1], torch.tensor(float("inf"), device=DEVICE))
+    rows[1000::2, 150:200] = rows[1000::2, 100:150]
+    config = {**registry.get("indexer_fwd").default_config({"batch": 1, "seq": 1200, "topk": 40}),
+              "SELECT_INTERP": select_interp}
+    indices, scores = indexer._select(rows[None], 40, 4, config)
+    ref_indices, ref_scores = select_topk_reference(rows[None], 40)
     assert torch.equal(indices, ref_indices) and torch.equal(scores, ref_scores)
 
 
@@ -155,6 +178,9 @@ CONFIGS = [
     # The heads summed once per key tile, over two key tiles at seq 70.
     {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
      "SELECT_ROWS": 2, "SELECT_WARPS": 1},
+    # The interpolating threshold search.
+    {"BLOCK_S": 16, "BLOCK_H": 2, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1},
 ]
 
 
