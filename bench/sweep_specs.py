@@ -322,6 +322,19 @@ def compressor_bwd_hca_8192_specs() -> list[tuple[str, dict]]:
     return [("compressor_bwd-hca-8192-grid", grid_spec("compressor_bwd", shapes))]
 
 
+# The backward with fewer dape slabs (SLABS 4-16, new; 32 was the least, one entry a slab at the HCA
+# shapes, whose 8 MB of fp32 partials the closing torch sum reads back: 4.5 of its 14.5 us at
+# sequence 4,096, 2026-12-02e): the HCA shapes' whole grids, TPE at the ratio-4 shapes.
+COMPRESSOR_BWD_SLABS_TRIALS = 80
+
+
+def compressor_bwd_slabs_specs() -> list[tuple[str, dict]]:
+    shapes = shapes_of("compressor_bwd", presets=("v4-flash",))
+    return [("compressor_bwd-hca-grid", grid_spec("compressor_bwd", [s for s in shapes if s["ratio"] == 128])),
+            ("compressor_bwd-ratio-4-tpe", tpe_spec("compressor_bwd", [s for s in shapes if s["ratio"] == 4],
+                                                    COMPRESSOR_BWD_SLABS_TRIALS))]
+
+
 # The indexer's whole space (77,130 valid configs at the Flash 4,096 shape), by TPE from valid
 # configs only, at its four shapes: the earlier sweeps gridded slices of it.
 INDEXER_TPE_TRIALS = 200
@@ -387,6 +400,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "compressor-bwd-hca-8192": compressor_bwd_hca_8192_specs,
     "indexer-tpe": indexer_tpe_specs,
     "indexer-interp-select": indexer_interp_select_specs,
+    "compressor-bwd-slabs": compressor_bwd_slabs_specs,
 }
 
 

@@ -247,7 +247,11 @@ def _select_kernel(
     above = valid & (order > thr[:, None])
     at = valid & (order == thr[:, None])
     room = want - tl.sum(above.to(tl.int32), axis=1)
-    chosen = above | (at & (tl.cumsum(at.to(tl.int32), axis=1) <= room[:, None]))
+    chosen = above | at
+    # Only where more keys tie at the threshold than there is room do the lowest indices among them
+    # take the rest (a prefix sum over the row, which untied scores never need).
+    if tl.max(tl.sum(at.to(tl.int32), axis=1) - room, axis=0) > 0:
+        chosen = above | (at & (tl.cumsum(at.to(tl.int32), axis=1) <= room[:, None]))
     slots = rows[:, None] * topk + tl.cumsum(chosen.to(tl.int32), axis=1) - 1
     tl.store(indices_ptr + slots, tl.broadcast_to(keys[None, :], [SELECT_ROWS, KEYS_PAD]), mask=chosen)
     tl.store(top_ptr + slots, x, mask=chosen)
