@@ -6,6 +6,7 @@
 # as one raw CSV and one details page per launch, packed into $OUT/ncu.tar.gz (the device tool
 # brings back 8 files at most; bench/ncu_summary.py reads the unpacked folder).
 # Clocks are left alone (--clock-control none, as the device notes ask). Bounded by NCU_SECONDS.
+# NCU_EXTRA_SECTIONS adds sections, e.g. "--section SourceCounters" (the SASS lines warps stall on).
 #   usage (device tool): source .gpubundle/install.sh && bash bench/h200_ncu.sh
 set -uo pipefail
 out=${OUT:-/tmp/out}; work=/tmp/ncu; rm -rf "$work"; mkdir -p "$out" "$work"
@@ -26,7 +27,7 @@ router_fwd|tokens=16384,experts=256,topk=6|tuned
 router_bwd|tokens=16384,experts=256,topk=6|tuned"
 launches=$(if [ -n "${LAUNCHES:-}" ]; then cat "$LAUNCHES"; else echo "$default_launches"; fi)
 sections="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats
-  --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis"
+  --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis ${NCU_EXTRA_SECTIONS:-}"
 ncu --version | tail -1 | tee "$work/ncu-version.txt"
 deadline=$(( $(date +%s) + ${NCU_SECONDS:-300} ))
 i=0
