@@ -226,16 +226,12 @@ def _interpolated_threshold(order, n_visible, want):
 
 
 @triton.jit
-def _select_kernel(
-    scores_ptr, indices_ptr, top_ptr, n_rows, seq, n_keys, ratio, topk, pad_score,
-    SELECT_ROWS: tl.constexpr, KEYS_PAD: tl.constexpr, TOPK_PAD: tl.constexpr, SELECT_INTERP: tl.constexpr,
-):
-    rows = tl.program_id(0) * SELECT_ROWS + tl.arange(0, SELECT_ROWS)
-    row_mask = rows < n_rows
-    n_visible = tl.where(row_mask, tl.minimum((rows % seq + 1) // ratio, n_keys), 0)
-    want = tl.minimum(n_visible, topk)
-    rows = rows.to(tl.int64)
-    keys = tl.arange(0, KEYS_PAD)
+def _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk,
+          SELECT_ROWS: tl.constexpr, KEYS: tl.constexpr, SELECT_INTERP: tl.constexpr):
+    """Writes the picks of ``rows`` (int64), each seeing its first ``n_visible <= KEYS`` scores: the
+    entries above the threshold and, of those equal to it, the lowest indices, compacted in index
+    order by a prefix sum."""
+    keys = tl.arange(0, KEYS)
     valid = keys[None, :] < n_visible[:, None]
     x = tl.load(scores_ptr + rows[:, None] * n_keys + keys[None, :], mask=valid, other=0.0)
     # Masked-out scores take key 0, below every candidate threshold.
@@ -253,8 +249,36 @@ def _select_kernel(
     if tl.max(tl.sum(at.to(tl.int32), axis=1) - room, axis=0) > 0:
         chosen = above | (at & (tl.cumsum(at.to(tl.int32), axis=1) <= room[:, None]))
     slots = rows[:, None] * topk + tl.cumsum(chosen.to(tl.int32), axis=1) - 1
-    tl.store(indices_ptr + slots, tl.broadcast_to(keys[None, :], [SELECT_ROWS, KEYS_PAD]), mask=chosen)
+    tl.store(indices_ptr + slots, tl.broadcast_to(keys[None, :], [SELECT_ROWS, KEYS]), mask=chosen)
     tl.store(top_ptr + slots, x, mask=chosen)
+
+
+@triton.jit
+def _select_kernel(
+    scores_ptr, indices_ptr, top_ptr, n_rows, seq, n_keys, ratio, topk, pad_score,
+    SELECT_ROWS: tl.constexpr, KEYS_PAD: tl.constexpr, TOPK_PAD: tl.constexpr, SELECT_INTERP: tl.constexpr,
+):
+    rows = tl.program_id(0) * SELECT_ROWS + tl.arange(0, SELECT_ROWS)
+    row_mask = rows < n_rows
+    n_visible = tl.where(row_mask, tl.minimum((rows % seq + 1) // ratio, n_keys), 0)
+    want = tl.minimum(n_visible, topk)
+    rows = rows.to(tl.int64)
+    # A causal row sees a prefix of the padded row: programs whose rows all fit in a half or a
+    # quarter of it work on that much (the early half of the queries, at every length).
+    if KEYS_PAD >= 64:
+        widest = tl.max(n_visible, axis=0)
+        if widest <= KEYS_PAD // 4:
+            _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, SELECT_ROWS, KEYS_PAD // 4,
+                  SELECT_INTERP)
+        elif widest <= KEYS_PAD // 2:
+            _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, SELECT_ROWS, KEYS_PAD // 2,
+                  SELECT_INTERP)
+        else:
+            _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, SELECT_ROWS, KEYS_PAD,
+                  SELECT_INTERP)
+    else:
+        _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, SELECT_ROWS, KEYS_PAD,
+              SELECT_INTERP)
     pads = tl.arange(0, TOPK_PAD)
     pad_mask = row_mask[:, None] & (pads[None, :] >= want[:, None]) & (pads[None, :] < topk)
     pad_slots = rows[:, None] * topk + pads[None, :]
