@@ -228,29 +228,35 @@ def _interpolated_threshold(order, n_visible, want):
 @triton.jit
 def _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk,
           SELECT_ROWS: tl.constexpr, KEYS: tl.constexpr, SELECT_INTERP: tl.constexpr):
-    """Writes the picks of ``rows`` (int64), each seeing its first ``n_visible <= KEYS`` scores: the
-    entries above the threshold and, of those equal to it, the lowest indices, compacted in index
-    order by a prefix sum."""
+    """Writes the picks of ``rows`` (int64), each seeing its first ``n_visible <= KEYS`` scores: all of
+    them where every row of the program takes all it sees (no threshold to find), else the entries
+    above the threshold and, of those equal to it, the lowest indices, compacted in index order by
+    a prefix sum."""
     keys = tl.arange(0, KEYS)
     valid = keys[None, :] < n_visible[:, None]
     x = tl.load(scores_ptr + rows[:, None] * n_keys + keys[None, :], mask=valid, other=0.0)
-    # Masked-out scores take key 0, below every candidate threshold.
-    order = tl.where(valid, _order_key(x), 0)
-    if SELECT_INTERP:
-        thr = _interpolated_threshold(order, n_visible, want)
+    if tl.max(n_visible - want, axis=0) == 0:  # every row takes all it sees, already in index order
+        slots = rows[:, None] * topk + keys[None, :]
+        tl.store(indices_ptr + slots, tl.broadcast_to(keys[None, :], [SELECT_ROWS, KEYS]), mask=valid)
+        tl.store(top_ptr + slots, x, mask=valid)
     else:
-        thr = _bisected_threshold(order, n_visible, want, SELECT_ROWS)
-    above = valid & (order > thr[:, None])
-    at = valid & (order == thr[:, None])
-    room = want - tl.sum(above.to(tl.int32), axis=1)
-    chosen = above | at
-    # Only where more keys tie at the threshold than there is room do the lowest indices among them
-    # take the rest (a prefix sum over the row, which untied scores never need).
-    if tl.max(tl.sum(at.to(tl.int32), axis=1) - room, axis=0) > 0:
-        chosen = above | (at & (tl.cumsum(at.to(tl.int32), axis=1) <= room[:, None]))
-    slots = rows[:, None] * topk + tl.cumsum(chosen.to(tl.int32), axis=1) - 1
-    tl.store(indices_ptr + slots, tl.broadcast_to(keys[None, :], [SELECT_ROWS, KEYS]), mask=chosen)
-    tl.store(top_ptr + slots, x, mask=chosen)
+        # Masked-out scores take key 0, below every candidate threshold.
+        order = tl.where(valid, _order_key(x), 0)
+        if SELECT_INTERP:
+            thr = _interpolated_threshold(order, n_visible, want)
+        else:
+            thr = _bisected_threshold(order, n_visible, want, SELECT_ROWS)
+        above = valid & (order > thr[:, None])
+        at = valid & (order == thr[:, None])
+        room = want - tl.sum(above.to(tl.int32), axis=1)
+        chosen = above | at
+        # Only where more keys tie at the threshold than there is room do the lowest indices among
+        # them take the rest (a prefix sum over the row, which untied scores never need).
+        if tl.max(tl.sum(at.to(tl.int32), axis=1) - room, axis=0) > 0:
+            chosen = above | (at & (tl.cumsum(at.to(tl.int32), axis=1) <= room[:, None]))
+        slots = rows[:, None] * topk + tl.cumsum(chosen.to(tl.int32), axis=1) - 1
+        tl.store(indices_ptr + slots, tl.broadcast_to(keys[None, :], [SELECT_ROWS, KEYS]), mask=chosen)
+        tl.store(top_ptr + slots, x, mask=chosen)
 
 
 @triton.jit
