@@ -363,6 +363,26 @@ def indexer_interp_select_specs() -> list[tuple[str, dict]]:
     return specs
 
 
+# The scoring with every head in one block (BLOCK_H 64: the block's q loaded once a program, so a
+# program walking several key tiles re-reads only the keys), at the two topk-512 shapes (the
+# scoring does not depend on topk), each shape's selection held at its committed entry.
+INDEXER_ONE_HEAD_BLOCK_SPACE = {"BLOCK_S": [1, 2, 4], "BLOCK_H": [64], "BLOCK_T": [64, 128], "KEY_TILES": [0, 4],
+                                "LATE_HEAD_SUM": [0], "num_warps": [4, 8], "num_stages": [2, 3], "maxnreg": [None]}
+INDEXER_SELECTION_PARAMS = ("SELECT_ROWS", "SELECT_WARPS", "SELECT_INTERP")
+
+
+def indexer_one_head_block_specs() -> list[tuple[str, dict]]:
+    entries = load_table("sm_90")["entries"]["indexer_fwd"]
+    specs = []
+    for shape in shapes_of("indexer_fwd"):
+        if shape["topk"] != 512:
+            continue
+        selection = entries[",".join(f"{k}={v}" for k, v in shape.items())]["config"]
+        space = INDEXER_ONE_HEAD_BLOCK_SPACE | {p: [selection[p]] for p in INDEXER_SELECTION_PARAMS}
+        specs.append((f"indexer_fwd-one-head-block-grid-{shape['seq']}", grid_spec("indexer_fwd", [shape], space)))
+    return specs
+
+
 # The router forward's top-k rounds as one argmax each (ARGMAX 1: 93 sm_90 instructions a round
 # against 195 at one token a warp, offline; 178 against 126 at two) beside max-then-min, over the
 # tuned tilings' neighbours, at the four router shapes.
@@ -401,6 +421,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-tpe": indexer_tpe_specs,
     "indexer-interp-select": indexer_interp_select_specs,
     "compressor-bwd-slabs": compressor_bwd_slabs_specs,
+    "indexer-one-head-block": indexer_one_head_block_specs,
 }
 
 

@@ -25,7 +25,8 @@ Two launches, tuned together as ``indexer_fwd``:
   ``[BLOCK_S, BLOCK_T]`` fp32 accumulator; or, with ``LATE_HEAD_SUM``, into a
   ``[BLOCK_S * BLOCK_H, BLOCK_T]`` one whose heads are summed once per key tile (no
   cross-lane sums in the head loop, for BLOCK_H times the registers; the H200 sweeps of
-  2026-12-02 chose it at every shape). The causal mask is computed inline from the
+  2026-12-02 chose it at every shape). With ``BLOCK_H`` covering every head, the block's q rows
+  are loaded once per program instead of once per key tile. The causal mask is computed inline from the
   indices; only visible scores are stored, into a fp32 ``[B, S, S // r]`` buffer (the
   rest is never written or read).
 * Selection, in Triton. A program holds ``SELECT_ROWS`` score rows (``next_pow2(S // r)``
@@ -88,10 +89,21 @@ def _mma(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _query_rows(q_ptr, w_ptr, batch, seq, heads, dim, row_query, row_head, h0, dims, dim_mask):
+    """The ``[BLOCK_S * BLOCK_H, D]`` q rows of the block's queries at heads ``h0 + row_head``, and
+    their fp32 head weights (zeros past the sequence or the heads)."""
+    head = h0 + row_head
+    row_mask = (row_query < seq) & (head < heads)
+    q_rows = ((batch * seq + row_query) * heads + head).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * dim + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+    return q, tl.load(w_ptr + q_rows, mask=row_mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _score_kernel(
     q_ptr, k_ptr, w_ptr, scores_ptr, seq, n_keys, heads, dim, ratio,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, KEY_TILES: tl.constexpr,
-    LATE_HEAD_SUM: tl.constexpr, DIM_PAD: tl.constexpr, UPCAST: tl.constexpr,
+    LATE_HEAD_SUM: tl.constexpr, DIM_PAD: tl.constexpr, UPCAST: tl.constexpr, ONE_HEAD_BLOCK: tl.constexpr,
 ):
     query_blocks = tl.cdiv(seq, BLOCK_S)
     batch = tl.program_id(0) // query_blocks
@@ -109,6 +121,8 @@ def _score_kernel(
     if KEY_TILES > 0:  # this program's KEY_TILES key tiles (none past ``end``: it exits at once)
         t_begin = tl.program_id(1) * KEY_TILES * BLOCK_T
         end = tl.minimum(end, t_begin + KEY_TILES * BLOCK_T)
+    if ONE_HEAD_BLOCK:  # every head in one block: the block's q and w are loaded once, not per key tile
+        q_all, w_all = _query_rows(q_ptr, w_ptr, batch, seq, heads, dim, row_query, row_head, 0, dims, dim_mask)
     for t0 in range(t_begin, end, BLOCK_T):
         keys = t0 + tl.arange(0, BLOCK_T)
         k = tl.load(k_ptr + (batch * n_keys + keys).to(tl.int64)[:, None] * dim + dims[None, :],
@@ -118,12 +132,11 @@ def _score_kernel(
         # once per key tile: BLOCK_H times the registers, none of the cross-lane sums per head block.
         acc = tl.zeros([BLOCK_S * BLOCK_H if LATE_HEAD_SUM else BLOCK_S, BLOCK_T], dtype=tl.float32)
         for h0 in range(0, heads, BLOCK_H):
-            head = h0 + row_head
-            row_mask = (row_query < seq) & (head < heads)
-            q_rows = ((batch * seq + row_query) * heads + head).to(tl.int64)
-            q = tl.load(q_ptr + q_rows[:, None] * dim + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :],
-                        other=0.0)
-            w = tl.load(w_ptr + q_rows, mask=row_mask, other=0.0).to(tl.float32)
+            if ONE_HEAD_BLOCK:
+                q = q_all
+                w = w_all
+            else:
+                q, w = _query_rows(q_ptr, w_ptr, batch, seq, heads, dim, row_query, row_head, h0, dims, dim_mask)
             part = tl.maximum(_mma(q, k, UPCAST), 0.0) * w[:, None]
             if BLOCK_H == 1 or LATE_HEAD_SUM:
                 acc += part
@@ -307,7 +320,7 @@ def _score_rows(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ratio: int, c
         {"BLOCK_S": config["BLOCK_S"], "BLOCK_H": config["BLOCK_H"], "BLOCK_T": config["BLOCK_T"],
          "KEY_TILES": key_tiles, "LATE_HEAD_SUM": config.get("LATE_HEAD_SUM", 0),
          "DIM_PAD": max(16, triton.next_power_of_2(dim)),
-         "UPCAST": current_arch() == INTERPRETER_ARCH},
+         "UPCAST": current_arch() == INTERPRETER_ARCH, "ONE_HEAD_BLOCK": config["BLOCK_H"] >= heads},
         config,
         compile_only,
     )

@@ -196,6 +196,18 @@ def test_scores_match_eager_with_heads_summed_per_block_or_per_tile(late_head_su
     torch.testing.assert_close(scores[visible], reference[visible], rtol=1e-5, atol=1e-5)
 
 
+def test_scores_match_eager_with_every_head_in_one_block():
+    """BLOCK_H covering all 6 heads: the block's q rows are loaded once and serve each of the three
+    key tiles the program walks (37 entries in tiles of 16, the last ragged)."""
+    q, k, w = _gaussian(1, 150, 6, 32, 4, seed=13)
+    config = {"BLOCK_S": 8, "BLOCK_H": 8, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 4,
+              "num_stages": 1}
+    scores = indexer._score_rows(q, k, w, 4, config)
+    reference = index_scores_reference(q, k, w, 4)
+    visible = reference > -float("inf")
+    torch.testing.assert_close(scores[visible], reference[visible], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("config", CONFIGS)
 def test_tuned_configs_match_reference(config):
     kernel, space = registry.get("indexer_fwd"), load_space("indexer_fwd")
