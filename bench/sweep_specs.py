@@ -352,11 +352,15 @@ INDEXER_SCORING_PARAMS = ("BLOCK_S", "BLOCK_H", "BLOCK_T", "KEY_TILES", "LATE_HE
                           "maxnreg")
 
 
+def committed_config(kernel: str, shape: dict) -> dict:
+    """The config of ``kernel``'s entry for ``shape`` in the committed sm_90 table."""
+    return load_table("sm_90")["entries"][kernel][",".join(f"{k}={v}" for k, v in shape.items())]["config"]
+
+
 def indexer_interp_select_specs() -> list[tuple[str, dict]]:
-    entries = load_table("sm_90")["entries"]["indexer_fwd"]
     specs = []
     for shape in shapes_of("indexer_fwd"):
-        scoring = entries[",".join(f"{k}={v}" for k, v in shape.items())]["config"]
+        scoring = committed_config("indexer_fwd", shape)
         space = {p: [scoring[p]] for p in INDEXER_SCORING_PARAMS} | INDEXER_INTERP_SELECT_SPACE
         specs.append((f"indexer_fwd-interp-select-grid-{shape['seq']}-{shape['topk']}",
                       grid_spec("indexer_fwd", [shape], space)))
@@ -372,12 +376,11 @@ INDEXER_SELECTION_PARAMS = ("SELECT_ROWS", "SELECT_WARPS", "SELECT_INTERP")
 
 
 def indexer_one_head_block_specs() -> list[tuple[str, dict]]:
-    entries = load_table("sm_90")["entries"]["indexer_fwd"]
     specs = []
     for shape in shapes_of("indexer_fwd"):
         if shape["topk"] != 512:
             continue
-        selection = entries[",".join(f"{k}={v}" for k, v in shape.items())]["config"]
+        selection = committed_config("indexer_fwd", shape)
         space = INDEXER_ONE_HEAD_BLOCK_SPACE | {p: [selection[p]] for p in INDEXER_SELECTION_PARAMS}
         specs.append((f"indexer_fwd-one-head-block-grid-{shape['seq']}", grid_spec("indexer_fwd", [shape], space)))
     return specs

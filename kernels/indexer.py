@@ -40,7 +40,9 @@ Two launches, tuned together as ``indexer_fwd``:
   reductions); the entries above it and, of those equal to it, the lowest indices fill the k slots,
   compacted by prefix sums. So ties go to the lower index, and the output lists each
   query's picks in ascending index order (not by score). Queries with fewer than topk
-  visible entries take all of them, padded with index -1 (score -inf).
+  visible entries take all of them, padded with index -1 (score -inf). A program whose rows
+  all see at most a half or a quarter of the padded row works on that much, and one whose
+  rows all take every entry they see stores them straight (no threshold, no prefix sum).
 
 Floor to compare against: the causal scoring's FLOPs, ``2 * B * H * D * sum_s min((s + 1)
 // r, S // r)``, at the bf16 tensor-core peak (``flops``): 137 GFLOP at S = 8192, about
