@@ -60,9 +60,9 @@ def key_values(keys: torch.Tensor) -> torch.Tensor:
     return torch.where(bits >= 1 << 31, bits - NO_KEY, bits).to(torch.int32).view(torch.float32)
 
 
-def interpolated_passes_per_row(scores: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Counting passes, and reductions over the keys, of each row under the interpolating search
-    (``kernels.indexer._interpolated_threshold``, step for step)."""
+def interpolated_passes_per_row(scores: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Counting passes, reductions over the keys, and the threshold key each row ends at, under the
+    interpolating search (``kernels.indexer._interpolated_threshold``, step for step)."""
     keys = order_keys(scores)
     visible = scores > -float("inf")
     want = visible.sum(-1).clamp(max=topk)
@@ -96,7 +96,7 @@ def interpolated_passes_per_row(scores: torch.Tensor, topk: int) -> tuple[torch.
         work += active * (3 if step >= _SNAP_AFTER else 1)
         active = (n_lo != want) & (hi - lo > 1)
         step += 1
-    return passes, work
+    return passes, work, lo
 
 
 def gaussian_inputs(seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -127,7 +127,7 @@ def main() -> None:
                 if not picking.numel():
                     lines.append(f"| {seq} | {topk} | {name} | 0 | - | - | - | - | - | - |")
                     continue
-                passes, work = (t[0, picks].float() for t in interpolated_passes_per_row(rows, topk))
+                passes, work = (t[0, picks].float() for t in interpolated_passes_per_row(rows, topk)[:2])
                 lines.append(f"| {seq} | {topk} | {name} | {picking.numel()} | {picking.float().mean():.1f} | "
                              f"{picking.max()} | {(picking == KEY_BITS).float().mean():.1%} | {passes.mean():.1f} | "
                              f"{passes.max():.0f} | {work.mean():.1f} |")
