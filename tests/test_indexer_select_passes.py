@@ -13,18 +13,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from indexer_select_passes import interpolated_passes_per_row, order_keys, passes_per_row  # noqa: E402
 
-from kernels.indexer import index_scores_reference  # noqa: E402
-
 
 def _score_rows() -> torch.Tensor:
-    """Causal index scores of 400 queries over 100 entries (Gaussian, V4's scale), with repeated
-    values at the k-th place in some rows."""
-    gen = torch.Generator().manual_seed(3)
-    q = torch.randn(1, 400, 8, 32, generator=gen).bfloat16()
-    k = torch.randn(1, 100, 32, generator=gen).bfloat16()
-    w = torch.randn(1, 400, 8, generator=gen) * (8 * 32) ** -0.5
-    rows = index_scores_reference(q, k, w)
-    rows[:, 300::2, 40:60] = rows[:, 300::2, 20:40]
+    """2,000 rows of 300 Gaussian scores, all visible, with the 8th to 20th largest of each row made
+    equal (ties straddle the 12th place) and one-ulp pairs: rows that take the search past its
+    counting-only passes, to where its ends snap to keys."""
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(1, 2000, 300, generator=gen)
+    ranked = rows.sort(-1, descending=True)
+    tied = ranked.indices[..., 7:20]
+    rows.scatter_(-1, tied, ranked.values[..., 7:8].expand_as(tied))
+    rows[..., 1::7] = torch.nextafter(rows[..., ::7][..., :43], torch.tensor(float("inf")))
     return rows
 
 
