@@ -67,6 +67,18 @@ def test_unknown_fastest_kernel_is_refused_and_nothing_written(tmp_path):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+def test_merge_takes_a_fastest_kernel_only_the_kept_table_has(tmp_path):
+    """A device call that sweeps one kernel and exports with ``--fastest`` for two: the other's
+    entries come from the kept table; a name in neither is still refused."""
+    engine = _database(tmp_path, newer_winner_ms=1.5)
+    out = tmp_path / "out"
+    _previous_table(out, {"c": {"n=1": {"config": {"BLOCK": 2}}}})
+    table = json.loads(export_table(engine, "sm_90", out, fastest=["a", "c"], merge=True)[0].read_text())
+    assert table["entries"]["c"] == {"n=1": {"config": {"BLOCK": 2}}} and "a" in table["entries"]
+    with pytest.raises(NothingToExport, match="--fastest: no ok trials of \\['d'\\] for arch 'sm_90' in the database or"):
+        export_table(engine, "sm_90", out, fastest=["d"], merge=True)
+
+
 def _previous_table(path, entries: dict) -> None:
     path.mkdir(parents=True, exist_ok=True)
     (path / "sm_90.json").write_text(json.dumps({

@@ -176,18 +176,23 @@ def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: S
     """
     rows = _ok_trials(engine, arch)
     trials = _choose(rows, fastest)
+    path = table_path(arch, out_dir)
+    previous = _previous_table(path, arch) if merge else {}
+    # A kernel named to an option must have trials here or, with merge, entries in the kept table
+    # (a typo is refused either way); skipping one the database lacks is what merge is for.
+    known = {t.kernel for t in trials} | set(previous.get("entries", {}))
     for option, kernels in (("--skip-kernel", set(skip)), ("--fastest", set(fastest) - {ALL})):
-        unknown = sorted(kernels - {t.kernel for t in trials})
+        unknown = sorted(kernels - known)
         if unknown and not (merge and option == "--skip-kernel"):
-            raise NothingToExport(f"{option}: no ok trials of {unknown} for arch {arch!r} in the database")
+            where = "in the database" + (f" or the table {path}" if merge else "")
+            raise NothingToExport(f"{option}: no ok trials of {unknown} for arch {arch!r} {where}")
     trials = [t for t in trials if t.kernel not in skip]
     if not trials:
         raise NothingToExport(f"no ok trials for arch {arch!r} in the database")
-    path = table_path(arch, out_dir)
     table = build_table(trials, arch, skip, fastest)
     slower = regressions(trials, _choose(rows, (ALL,)))
     if merge:
-        table, slower_than_kept = _merged(table, _previous_table(path, arch), skip, fastest)
+        table, slower_than_kept = _merged(table, previous, skip, fastest)
         slower += slower_than_kept
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{arch}.", suffix=".json")
