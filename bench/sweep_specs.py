@@ -354,7 +354,7 @@ INDEXER_SCORING_PARAMS = ("BLOCK_S", "BLOCK_H", "BLOCK_T", "KEY_TILES", "LATE_HE
 
 def committed_config(kernel: str, shape: dict) -> dict:
     """The config of ``kernel``'s entry for ``shape`` in the committed sm_90 table."""
-    return load_table("sm_90")["entries"][kernel][",".join(f"{k}={v}" for k, v in shape.items())]["config"]
+    return load_table("sm_90")["entries"][kernel][registry.get(kernel).shape_key(shape)]["config"]
 
 
 def indexer_interp_select_specs() -> list[tuple[str, dict]]:
@@ -372,7 +372,6 @@ def indexer_interp_select_specs() -> list[tuple[str, dict]]:
 # scoring does not depend on topk), each shape's selection held at its committed entry.
 INDEXER_ONE_HEAD_BLOCK_SPACE = {"BLOCK_S": [1, 2, 4], "BLOCK_H": [64], "BLOCK_T": [64, 128], "KEY_TILES": [0, 4],
                                 "LATE_HEAD_SUM": [0], "num_warps": [4, 8], "num_stages": [2, 3], "maxnreg": [None]}
-INDEXER_SELECTION_PARAMS = ("SELECT_ROWS", "SELECT_WARPS", "SELECT_INTERP")
 
 
 def indexer_one_head_block_specs() -> list[tuple[str, dict]]:
@@ -381,7 +380,7 @@ def indexer_one_head_block_specs() -> list[tuple[str, dict]]:
         if shape["topk"] != 512:
             continue
         selection = committed_config("indexer_fwd", shape)
-        space = INDEXER_ONE_HEAD_BLOCK_SPACE | {p: [selection[p]] for p in INDEXER_SELECTION_PARAMS}
+        space = INDEXER_ONE_HEAD_BLOCK_SPACE | {p: [selection[p]] for p in INDEXER_INTERP_SELECT_SPACE}
         specs.append((f"indexer_fwd-one-head-block-grid-{shape['seq']}", grid_spec("indexer_fwd", [shape], space)))
     return specs
 

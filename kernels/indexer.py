@@ -277,7 +277,8 @@ def _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk,
 @triton.jit
 def _select_kernel(
     scores_ptr, indices_ptr, top_ptr, n_rows, seq, n_keys, ratio, topk, pad_score,
-    SELECT_ROWS: tl.constexpr, KEYS_PAD: tl.constexpr, TOPK_PAD: tl.constexpr, SELECT_INTERP: tl.constexpr,
+    SELECT_ROWS: tl.constexpr, KEYS_PAD: tl.constexpr, KEYS_HALF: tl.constexpr, KEYS_QUARTER: tl.constexpr,
+    TOPK_PAD: tl.constexpr, SELECT_INTERP: tl.constexpr,
 ):
     rows = tl.program_id(0) * SELECT_ROWS + tl.arange(0, SELECT_ROWS)
     row_mask = rows < n_rows
@@ -286,17 +287,13 @@ def _select_kernel(
     rows = rows.to(tl.int64)
     # A causal row sees a prefix of the padded row: programs whose rows all fit in a half or a
     # quarter of it work on that much (the early half of the queries, at every length).
-    if KEYS_PAD >= 64:
-        widest = tl.max(n_visible, axis=0)
-        if widest <= KEYS_PAD // 4:
-            _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, SELECT_ROWS, KEYS_PAD // 4,
-                  SELECT_INTERP)
-        elif widest <= KEYS_PAD // 2:
-            _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, SELECT_ROWS, KEYS_PAD // 2,
-                  SELECT_INTERP)
-        else:
-            _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, SELECT_ROWS, KEYS_PAD,
-                  SELECT_INTERP)
+    widest = tl.max(n_visible, axis=0)
+    if widest <= KEYS_QUARTER:
+        _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, SELECT_ROWS, KEYS_QUARTER,
+              SELECT_INTERP)
+    elif widest <= KEYS_HALF:
+        _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, SELECT_ROWS, KEYS_HALF,
+              SELECT_INTERP)
     else:
         _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, SELECT_ROWS, KEYS_PAD,
               SELECT_INTERP)
@@ -336,12 +333,14 @@ def _select(rows: torch.Tensor, topk: int, ratio: int, config: Config, compile_o
     batch, seq, n_keys = rows.shape
     indices = torch.empty(batch, seq, topk, dtype=torch.int32, device=rows.device)
     scores = torch.empty(batch, seq, topk, dtype=torch.float32, device=rows.device)
+    keys_pad = triton.next_power_of_2(max(1, n_keys))
     launch(
         _select_kernel,
         (triton.cdiv(batch * seq, config["SELECT_ROWS"]),),
         (rows, indices, scores, batch * seq, seq, n_keys, ratio, topk, pad_score),
-        {"SELECT_ROWS": config["SELECT_ROWS"], "KEYS_PAD": triton.next_power_of_2(max(1, n_keys)),
-         "TOPK_PAD": triton.next_power_of_2(topk), "SELECT_INTERP": config.get("SELECT_INTERP", 0)},
+        {"SELECT_ROWS": config["SELECT_ROWS"], "KEYS_PAD": keys_pad, "KEYS_HALF": max(1, keys_pad // 2),
+         "KEYS_QUARTER": max(1, keys_pad // 4), "TOPK_PAD": triton.next_power_of_2(topk),
+         "SELECT_INTERP": config.get("SELECT_INTERP", 0)},
         {**config, "num_warps": config["SELECT_WARPS"], "num_stages": 1},
         compile_only,
     )
