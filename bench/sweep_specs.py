@@ -385,6 +385,22 @@ def indexer_one_head_block_specs() -> list[tuple[str, dict]]:
     return specs
 
 
+# The scoring's q and key tiles by TMA descriptors (TMA 1) beside pointer loads, over one-head dots
+# (the tiling of the 8,192 / topk 1,024 entry) and their neighbours, at every indexer shape, each
+# shape's selection held at its committed entry.
+INDEXER_TMA_SPACE = {"BLOCK_S": [64, 128], "BLOCK_H": [1], "BLOCK_T": [128, 256], "KEY_TILES": [0, 1, 2],
+                     "LATE_HEAD_SUM": [0], "num_warps": [4, 8], "num_stages": [2, 3], "maxnreg": [None], "TMA": [0, 1]}
+
+
+def indexer_tma_specs() -> list[tuple[str, dict]]:
+    specs = []
+    for shape in shapes_of("indexer_fwd"):
+        selection = committed_config("indexer_fwd", shape)
+        space = INDEXER_TMA_SPACE | {p: [selection[p]] for p in INDEXER_INTERP_SELECT_SPACE}
+        specs.append((f"indexer_fwd-tma-grid-{shape['seq']}-{shape['topk']}", grid_spec("indexer_fwd", [shape], space)))
+    return specs
+
+
 # The router forward's top-k rounds as one argmax each (ARGMAX 1: 93 sm_90 instructions a round
 # against 195 at one token a warp, offline; 178 against 126 at two) beside max-then-min, over the
 # tuned tilings' neighbours, at the four router shapes.
@@ -424,6 +440,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-interp-select": indexer_interp_select_specs,
     "compressor-bwd-slabs": compressor_bwd_slabs_specs,
     "indexer-one-head-block": indexer_one_head_block_specs,
+    "indexer-tma": indexer_tma_specs,
 }
 
 

@@ -61,7 +61,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.arch import INTERPRETER_ARCH, current_arch
-from kernels.launch import launch
+from kernels.launch import launch, tma_ready
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
 
@@ -251,13 +251,6 @@ def _tile_constexprs(config: Config) -> dict[str, Any]:
             "UPCAST": current_arch() == INTERPRETER_ARCH}
 
 
-def _tma_ready(t: Tensor) -> bool:
-    """Whether TMA can address ``t``: not empty, unit last stride, 16-byte aligned base and other strides."""
-    size = t.element_size()
-    return (t.numel() > 0 and t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all(stride * size % 16 == 0 for stride in t.stride()[:-1]))
-
-
 def _operands(a: Tensor, b: Tensor, config: Config) -> tuple[Any, Any, dict[str, Any]]:
     """The A and B arguments of ``_grouped_gemm_kernel`` and its TMA constexprs.
 
@@ -267,7 +260,7 @@ def _operands(a: Tensor, b: Tensor, config: Config) -> tuple[Any, Any, dict[str,
     """
     weight = b.transpose(1, 2) if b.stride(1) == 1 else b
     kmajor = weight is not b
-    if not config.get("TMA") or not (_tma_ready(a) and _tma_ready(weight)):
+    if not config.get("TMA") or not (tma_ready(a) and tma_ready(weight)):
         return a, b, {"TMA": False, "B_KMAJOR": kmajor}
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     b_block = [1, block_n, block_k] if kmajor else [1, block_k, block_n]

@@ -21,6 +21,14 @@ _BACKEND_KNOBS = {
 }
 
 
+def tma_ready(t: torch.Tensor) -> bool:
+    """Whether a TMA descriptor can address ``t``: not empty, unit last stride, 16-byte aligned base
+    and other strides."""
+    size = t.element_size()
+    return (t.numel() > 0 and t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(stride * size % 16 == 0 for stride in t.stride()[:-1]))
+
+
 def launch_options(config: dict[str, Any]) -> dict[str, Any]:
     """The Triton launch keyword options in ``config``, for the running backend."""
     names: tuple[str, ...] = _COMMON_OPTIONS

@@ -168,19 +168,22 @@ def test_outputs_carry_no_gradient():
 CONFIGS = [
     # One head per dot (no head reshape), two key tiles at seq 70.
     {"BLOCK_S": 16, "BLOCK_H": 1, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 1,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 0},
+    # The same by TMA descriptors, one key tile a program.
+    {"BLOCK_S": 16, "BLOCK_H": 1, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 1},
     # 8 heads per dot; query blocks taller than seq 37 and 48 (one stage: sm_90's shared memory).
     {"BLOCK_S": 64, "BLOCK_H": 8, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 8, "num_stages": 1,
-     "SELECT_ROWS": 16, "SELECT_WARPS": 8},
+     "SELECT_ROWS": 16, "SELECT_WARPS": 8, "TMA": 0},
     # One key tile a program (the key range as a grid axis).
     {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 8, "SELECT_WARPS": 4},
+     "SELECT_ROWS": 8, "SELECT_WARPS": 4, "TMA": 0},
     # The heads summed once per key tile, over two key tiles at seq 70.
     {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 2, "SELECT_WARPS": 1},
+     "SELECT_ROWS": 2, "SELECT_WARPS": 1, "TMA": 0},
     # The interpolating threshold search.
     {"BLOCK_S": 16, "BLOCK_H": 2, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 0},
 ]
 
 
@@ -206,6 +209,36 @@ def test_scores_match_eager_with_every_head_in_one_block():
     reference = index_scores_reference(q, k, w, 4)
     visible = reference > -float("inf")
     torch.testing.assert_close(scores[visible], reference[visible], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("block_s", "block_h", "dim"), [(8, 1, 32), (16, 1, 24), (2, 8, 32), (4, 8, 40)])
+def test_scores_by_tma_descriptors_match_eager(block_s, block_h, dim):
+    """TMA boxes of one head or of every head (8), over two batch elements whose query blocks run
+    past the sequence (45 queries: the next element's rows, or zeros, fill the box) and key tiles
+    past the entries; dims 24 and 40 pad to 32 and 64, so a box also takes the next head's columns,
+    which k's zero-filled columns must cancel."""
+    q, k, w = _gaussian(2, 45, 8, dim, 4, seed=17 + dim)
+    config = {"BLOCK_S": block_s, "BLOCK_H": block_h, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0,
+              "num_warps": 4, "num_stages": 1, "TMA": 1}
+    dim_pad = max(16, 1 << (dim - 1).bit_length())
+    assert indexer._score_operands(q, k, config, dim_pad)[2], "the TMA path must run"
+    scores = indexer._score_rows(q, k, w, 4, config)
+    reference = index_scores_reference(q, k, w, 4)
+    visible = reference > -float("inf")
+    torch.testing.assert_close(scores[visible], reference[visible], rtol=1e-5, atol=1e-5)
+
+
+def test_tma_falls_back_to_pointers_where_a_box_cannot_hold_the_rows():
+    q, k, _ = _gaussian(1, 16, 6, 32, 4, seed=0)
+    base = {"BLOCK_S": 8, "BLOCK_T": 16, "TMA": 1}
+    assert not indexer._score_operands(q, k, {**base, "BLOCK_H": 2}, 32)[2]  # two of six heads: not one box
+    assert not indexer._score_operands(q, k, {**base, "BLOCK_H": 8}, 32)[2]  # six heads in blocks of 8 rows
+    q8, k8, _ = _gaussian(1, 16, 8, 32, 4, seed=0)
+    assert indexer._score_operands(q8, k8, {**base, "BLOCK_H": 8}, 32)[2]
+    assert not indexer._score_operands(q8, k8, {**base, "BLOCK_H": 8, "BLOCK_S": 64}, 32)[2]  # 512 rows > 256
+    q30, k30 = q[..., :30].contiguous(), k[..., :30].contiguous()
+    assert not indexer._score_operands(q30, k30, {**base, "BLOCK_H": 1}, 32)[2]  # 60-byte rows: not 16-aligned
+    assert not indexer._score_operands(q, k, {**base, "BLOCK_H": 1, "TMA": 0}, 32)[2]
 
 
 @pytest.mark.parametrize("config", CONFIGS)
