@@ -392,12 +392,21 @@ INDEXER_TMA_SPACE = {"BLOCK_S": [64, 128], "BLOCK_H": [1], "BLOCK_T": [128, 256]
                      "LATE_HEAD_SUM": [0], "num_warps": [4, 8], "num_stages": [2, 3], "maxnreg": [None], "TMA": [0, 1]}
 
 
-def indexer_tma_specs() -> list[tuple[str, dict]]:
+# TMA (a 3-D [B * S, H, D] box) for head blocks of 2-8 with the late head sum, the tilings of the
+# sequence-4,096 entries and their neighbours, beside the same tilings by pointers.
+INDEXER_TMA_HEAD_BLOCKS_SPACE = {"BLOCK_S": [8, 16, 32], "BLOCK_H": [2, 4, 8], "BLOCK_T": [128], "KEY_TILES": [0, 1],
+                                 "LATE_HEAD_SUM": [1], "num_warps": [4, 8], "num_stages": [3], "maxnreg": [None],
+                                 "TMA": [0, 1]}
+
+
+def indexer_tma_specs(name: str, scoring: dict) -> list[tuple[str, dict]]:
+    """Grids of the scoring params ``scoring`` at every indexer shape, each shape's selection held at
+    its committed entry."""
     specs = []
     for shape in shapes_of("indexer_fwd"):
         selection = committed_config("indexer_fwd", shape)
-        space = INDEXER_TMA_SPACE | {p: [selection[p]] for p in INDEXER_INTERP_SELECT_SPACE}
-        specs.append((f"indexer_fwd-tma-grid-{shape['seq']}-{shape['topk']}", grid_spec("indexer_fwd", [shape], space)))
+        space = scoring | {p: [selection[p]] for p in INDEXER_INTERP_SELECT_SPACE}
+        specs.append((f"indexer_fwd-{name}-grid-{shape['seq']}-{shape['topk']}", grid_spec("indexer_fwd", [shape], space)))
     return specs
 
 
@@ -440,7 +449,8 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-interp-select": indexer_interp_select_specs,
     "compressor-bwd-slabs": compressor_bwd_slabs_specs,
     "indexer-one-head-block": indexer_one_head_block_specs,
-    "indexer-tma": indexer_tma_specs,
+    "indexer-tma": lambda: indexer_tma_specs("tma", INDEXER_TMA_SPACE),
+    "indexer-tma-head-blocks": lambda: indexer_tma_specs("tma-head-blocks", INDEXER_TMA_HEAD_BLOCKS_SPACE),
 }
 
 

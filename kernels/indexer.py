@@ -27,9 +27,9 @@ Two launches, tuned together as ``indexer_fwd``:
   cross-lane sums in the head loop, for BLOCK_H times the registers; the H200 sweeps of
   2026-12-02 chose it at every shape). With ``BLOCK_H`` covering every head, the block's q rows
   are loaded once per program instead of once per key tile. ``TMA`` loads the q and key tiles
-  through TMA descriptors where a head block's q rows are one box (one head, or every head): one
-  instruction a tile instead of per-element addresses (the sm_90 head loop compiles to 214
-  instructions instead of 255 at 64 queries x 256 keys on 8 warps, Triton 3.6). The causal mask is computed inline from the
+  through TMA descriptors: one instruction a tile instead of per-element addresses (the sm_90
+  head loop compiles to 214 instructions instead of 255 at 64 queries x 256 keys on 8 warps,
+  Triton 3.6; on the H200, 2026-12-02, 14-15% faster at each shape's best one-head tiling). The causal mask is computed inline from the
   indices; only visible scores are stored, into a fp32 ``[B, S, S // r]`` buffer (the
   rest is never written or read).
 * Selection, in Triton. A program holds ``SELECT_ROWS`` score rows (``next_pow2(S // r)``
@@ -84,7 +84,6 @@ INDEX_RATIO = 4
 _BF16_BYTES = 2
 _FP32_BYTES = 4
 _INDEX_BYTES = 4
-_TMA_BOX_ROWS = 256  # the most rows a TMA box may have
 
 
 @triton.jit
@@ -99,23 +98,25 @@ def _mma(a, b, UPCAST: tl.constexpr):
 
 @triton.jit
 def _query_rows(q_ref, w_ptr, batch, seq, heads, dim, s0, row_query, row_head, h0, dims, dim_mask,
-                TMA: tl.constexpr, ONE_HEAD_BLOCK: tl.constexpr):
+                BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, DIM_PAD: tl.constexpr, TMA: tl.constexpr):
     """The ``[BLOCK_S * BLOCK_H, DIM_PAD]`` q rows of the block's queries at heads ``h0 + row_head``, and
     their fp32 head weights (zeros past the sequence or the heads).
 
-    With TMA, ``q_ref`` is a descriptor (``_score_operands``): over ``[B * S, H * D]`` with one head's
-    ``[BLOCK_S, DIM_PAD]`` box (BLOCK_H 1), or over ``[B * S * H, D]`` with every head's box. Rows
-    past the sequence come back as the next batch element's (or zeros), and columns past D as the
-    next head's: their w is 0 and k's columns past D are zeros, so they add nothing.
+    With TMA, ``q_ref`` is a descriptor (``_score_operands``): for one head a dot, over
+    ``[B * S, H * D]`` with a ``[BLOCK_S, DIM_PAD]`` box at the head's columns; else over
+    ``[B, S, H, D]`` seen as ``[B * S, H, D]`` with a ``[BLOCK_S, BLOCK_H, DIM_PAD]`` box (heads past H
+    come back as zeros). Rows past the sequence come back as the next batch element's (or zeros),
+    and columns past D as the next head's (or zeros): their w is 0 and k's columns past D are
+    zeros, so they add nothing.
     """
     head = h0 + row_head
     row_mask = (row_query < seq) & (head < heads)
     q_rows = ((batch * seq + row_query) * heads + head).to(tl.int64)
     if TMA:
-        if ONE_HEAD_BLOCK:
-            q = q_ref.load([(batch * seq + s0) * heads, 0])
-        else:
+        if BLOCK_H == 1:
             q = q_ref.load([batch * seq + s0, h0 * dim])
+        else:
+            q = q_ref.load([batch * seq + s0, h0, 0]).reshape([BLOCK_S * BLOCK_H, DIM_PAD])
     else:
         q = tl.load(q_ref + q_rows[:, None] * dim + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :],
                     other=0.0)
@@ -160,7 +161,7 @@ def _score_kernel(
         end = tl.minimum(end, t_begin + KEY_TILES * BLOCK_T)
     if ONE_HEAD_BLOCK:  # every head in one block: the block's q and w are loaded once, not per key tile
         q_all, w_all = _query_rows(q_ref, w_ptr, batch, seq, heads, dim, s0, row_query, row_head, 0, dims, dim_mask,
-                                   TMA, ONE_HEAD_BLOCK)
+                                   BLOCK_S, BLOCK_H, DIM_PAD, TMA)
     for t0 in range(t_begin, end, BLOCK_T):
         keys = t0 + tl.arange(0, BLOCK_T)
         if TMA:  # keys past ``end`` come back as later keys or zeros; their scores are not stored
@@ -178,7 +179,7 @@ def _score_kernel(
                 w = w_all
             else:
                 q, w = _query_rows(q_ref, w_ptr, batch, seq, heads, dim, s0, row_query, row_head, h0, dims, dim_mask,
-                                   TMA, ONE_HEAD_BLOCK)
+                                   BLOCK_S, BLOCK_H, DIM_PAD, TMA)
             acc = _add_head_block(acc, _mma(q, k, UPCAST), w, BLOCK_S, BLOCK_H, BLOCK_T, LATE_HEAD_SUM)
         if LATE_HEAD_SUM and BLOCK_H > 1:
             acc = tl.sum(tl.reshape(acc, [BLOCK_S, BLOCK_H, BLOCK_T]), axis=1)
@@ -342,19 +343,16 @@ def _select_kernel(
 
 def _score_operands(q: torch.Tensor, k: torch.Tensor, config: Config, dim_pad: int) -> tuple[Any, Any, bool]:
     """The scoring's q and k arguments: the tensors, or with ``TMA`` TMA descriptors over them (one
-    instruction a tile, no per-element addresses) where the block's q rows are one box: one head
-    (``BLOCK_H`` 1) or exactly every head (a power of two, as BLOCK_H is), in at most 256 rows.
-    Otherwise the pointer path runs."""
+    instruction a tile, no per-element addresses; see ``_query_rows`` for their boxes). Tensors
+    TMA cannot address take the pointer path."""
     batch, seq, heads, dim = q.shape
     block_s, block_h = config["BLOCK_S"], config["BLOCK_H"]
-    one_head_block = block_h >= heads
-    boxable = block_h == 1 or (block_h == heads and block_s * heads <= _TMA_BOX_ROWS)
-    if not config.get("TMA") or not boxable or not (tma_ready(q) and tma_ready(k)):
+    if not config.get("TMA") or not (tma_ready(q) and tma_ready(k)):
         return q, k, False
-    if one_head_block:
-        q_desc = TensorDescriptor.from_tensor(q.view(batch * seq * heads, dim), [block_s * heads, dim_pad])
-    else:
+    if block_h == 1:
         q_desc = TensorDescriptor.from_tensor(q.view(batch * seq, heads * dim), [block_s, dim_pad])
+    else:
+        q_desc = TensorDescriptor.from_tensor(q.view(batch * seq, heads, dim), [block_s, block_h, dim_pad])
     k_desc = TensorDescriptor.from_tensor(k.view(-1, dim), [config["BLOCK_T"], dim_pad])
     return q_desc, k_desc, True
 

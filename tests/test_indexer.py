@@ -211,14 +211,19 @@ def test_scores_match_eager_with_every_head_in_one_block():
     torch.testing.assert_close(scores[visible], reference[visible], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(("block_s", "block_h", "dim"), [(8, 1, 32), (16, 1, 24), (2, 8, 32), (4, 8, 40)])
-def test_scores_by_tma_descriptors_match_eager(block_s, block_h, dim):
-    """TMA boxes of one head or of every head (8), over two batch elements whose query blocks run
-    past the sequence (45 queries: the next element's rows, or zeros, fill the box) and key tiles
-    past the entries; dims 24 and 40 pad to 32 and 64, so a box also takes the next head's columns,
-    which k's zero-filled columns must cancel."""
-    q, k, w = _gaussian(2, 45, 8, dim, 4, seed=17 + dim)
-    config = {"BLOCK_S": block_s, "BLOCK_H": block_h, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0,
+@pytest.mark.parametrize(("block_s", "block_h", "heads", "dim", "late_head_sum"), [
+    (8, 1, 8, 32, 0),   # one head a dot: the [B * S, H * D] descriptor
+    (16, 1, 8, 24, 0),  # dim 24 pads to 32: the box also takes the next head's columns
+    (2, 8, 8, 32, 0),   # every head in one box
+    (4, 8, 6, 40, 0),   # 6 heads in a box of 8: heads past H come back as zeros
+    (8, 4, 6, 32, 1),   # head blocks of 4 (the second ragged), summed once a key tile
+])
+def test_scores_by_tma_descriptors_match_eager(block_s, block_h, heads, dim, late_head_sum):
+    """TMA boxes over two batch elements whose query blocks run past the sequence (45 queries: the
+    next element's rows, or zeros, fill the box) and key tiles past the entries; k's zero-filled
+    columns past D must cancel whatever q's box holds there."""
+    q, k, w = _gaussian(2, 45, heads, dim, 4, seed=17 + dim + heads)
+    config = {"BLOCK_S": block_s, "BLOCK_H": block_h, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": late_head_sum,
               "num_warps": 4, "num_stages": 1, "TMA": 1}
     dim_pad = max(16, 1 << (dim - 1).bit_length())
     assert indexer._score_operands(q, k, config, dim_pad)[2], "the TMA path must run"
@@ -228,17 +233,13 @@ def test_scores_by_tma_descriptors_match_eager(block_s, block_h, dim):
     torch.testing.assert_close(scores[visible], reference[visible], rtol=1e-5, atol=1e-5)
 
 
-def test_tma_falls_back_to_pointers_where_a_box_cannot_hold_the_rows():
+def test_tma_falls_back_to_pointers_on_rows_it_cannot_address():
+    q, k, _ = _gaussian(1, 16, 6, 30, 4, seed=0)  # 60-byte rows: not 16-byte aligned
+    config = {"BLOCK_S": 8, "BLOCK_H": 2, "BLOCK_T": 16, "TMA": 1}
+    assert not indexer._score_operands(q, k, config, 32)[2]
     q, k, _ = _gaussian(1, 16, 6, 32, 4, seed=0)
-    base = {"BLOCK_S": 8, "BLOCK_T": 16, "TMA": 1}
-    assert not indexer._score_operands(q, k, {**base, "BLOCK_H": 2}, 32)[2]  # two of six heads: not one box
-    assert not indexer._score_operands(q, k, {**base, "BLOCK_H": 8}, 32)[2]  # six heads in blocks of 8 rows
-    q8, k8, _ = _gaussian(1, 16, 8, 32, 4, seed=0)
-    assert indexer._score_operands(q8, k8, {**base, "BLOCK_H": 8}, 32)[2]
-    assert not indexer._score_operands(q8, k8, {**base, "BLOCK_H": 8, "BLOCK_S": 64}, 32)[2]  # 512 rows > 256
-    q30, k30 = q[..., :30].contiguous(), k[..., :30].contiguous()
-    assert not indexer._score_operands(q30, k30, {**base, "BLOCK_H": 1}, 32)[2]  # 60-byte rows: not 16-aligned
-    assert not indexer._score_operands(q, k, {**base, "BLOCK_H": 1, "TMA": 0}, 32)[2]
+    assert indexer._score_operands(q, k, config, 32)[2]
+    assert not indexer._score_operands(q, k, {**config, "TMA": 0}, 32)[2]
 
 
 @pytest.mark.parametrize("config", CONFIGS)
