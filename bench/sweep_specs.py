@@ -184,7 +184,7 @@ def indexer_key_tiles_specs() -> list[tuple[str, dict]]:
 # The glue backward with dfn accumulated transposed (wgmma at 64-token steps) against the form it
 # replaces, whose tuned configs all took 16-token mma.sync steps, at every glue preset shape.
 GLUE_BWD_TRANSPOSED_SPACE = {"BLOCK_N": [16, 64], "BLOCK_K": [64, 128, 256], "SLABS": [8], "DFN_TRANSPOSED": [0, 1],
-                             "num_warps": [4, 8], "num_stages": [2], "maxnreg": [None]}
+                             "num_warps": [4, 8], "num_stages": [2]}
 
 
 def glue_bwd_transposed_specs() -> list[tuple[str, dict]]:
@@ -195,12 +195,15 @@ def glue_bwd_transposed_specs() -> list[tuple[str, dict]]:
 # The glue backward's transposed form (the 2026-12-01 H200 grid's winner at every shape, 1.47-1.71x
 # the best of the old form) over the slab counts, tile widths and stages that grid held fixed.
 GLUE_BWD_TRANSPOSED_WIDE_SPACE = {"BLOCK_N": [64], "BLOCK_K": [64, 128, 256], "SLABS": [8, 16, 32],
-                                  "DFN_TRANSPOSED": [1], "num_warps": [4, 8], "num_stages": [1, 2],
-                                  "maxnreg": [None]}
+                                  "DFN_TRANSPOSED": [1], "num_warps": [4, 8], "num_stages": [1, 2]}
 
 
 # Fewer slabs for that winner: the wide grid's best took its least slab count (8) at every shape.
 GLUE_BWD_SLABS_SPACE = GLUE_BWD_TRANSPOSED_WIDE_SPACE | {"BLOCK_K": [64], "SLABS": [2, 4, 8], "num_warps": [4]}
+
+# The transposed form's tiles (the tuned entries': 64 x 64, 2 or 8 slabs) by TMA descriptors beside
+# pointers.
+GLUE_BWD_TMA_SPACE = GLUE_BWD_TRANSPOSED_WIDE_SPACE | {"BLOCK_K": [64, 128], "SLABS": [2, 8], "TMA": [0, 1]}
 
 
 def glue_bwd_grid_specs(name: str, space: dict) -> list[tuple[str, dict]]:
@@ -434,6 +437,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "glue-bwd-transposed": glue_bwd_transposed_specs,
     "glue-bwd-transposed-wide": lambda: glue_bwd_grid_specs("transposed-wide", GLUE_BWD_TRANSPOSED_WIDE_SPACE),
     "glue-bwd-slabs": lambda: glue_bwd_grid_specs("slabs", GLUE_BWD_SLABS_SPACE),
+    "glue-bwd-tma": lambda: glue_bwd_grid_specs("tma", GLUE_BWD_TMA_SPACE),
     "indexer-select": indexer_select_specs,
     "indexer-scoring-and-select": indexer_scoring_and_select_specs,
     "indexer-late-sum": indexer_late_sum_specs,

@@ -191,10 +191,14 @@ CONFIGS = {
         {"BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 16, "num_warps": 4, "num_stages": 2},  # splits past 4D's end
     ],
     "mhc_glue_bwd": [
-        {"BLOCK_N": 16, "BLOCK_K": 64, "SLABS": 1, "DFN_TRANSPOSED": 0, "num_warps": 4, "num_stages": 1},  # one slab
-        {"BLOCK_N": 16, "BLOCK_K": 256, "SLABS": 2, "DFN_TRANSPOSED": 0, "num_warps": 4, "num_stages": 2},  # ragged last slab
+        {"BLOCK_N": 16, "BLOCK_K": 64, "SLABS": 1, "DFN_TRANSPOSED": 0, "TMA": 0, "num_warps": 4, "num_stages": 1},  # one slab
+        # ragged last slab
+        {"BLOCK_N": 16, "BLOCK_K": 256, "SLABS": 2, "DFN_TRANSPOSED": 0, "TMA": 0, "num_warps": 4, "num_stages": 2},
         # more slabs than blocks; dfn accumulated transposed
-        {"BLOCK_N": 64, "BLOCK_K": 128, "SLABS": 32, "DFN_TRANSPOSED": 1, "num_warps": 8, "num_stages": 2},
+        {"BLOCK_N": 64, "BLOCK_K": 128, "SLABS": 32, "DFN_TRANSPOSED": 1, "TMA": 0, "num_warps": 8, "num_stages": 2},
+        # by TMA descriptors: token tiles past the tokens and 4D chunks past 4D zero-filled and clipped
+        {"BLOCK_N": 16, "BLOCK_K": 64, "SLABS": 2, "DFN_TRANSPOSED": 0, "TMA": 1, "num_warps": 4, "num_stages": 2},
+        {"BLOCK_N": 64, "BLOCK_K": 128, "SLABS": 1, "DFN_TRANSPOSED": 1, "TMA": 1, "num_warps": 4, "num_stages": 1},
     ],
     **{
         name: [

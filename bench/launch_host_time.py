@@ -1,0 +1,77 @@
+"""Host time against device time of registered launches: whether a config is host-bound.
+
+A launch whose Python side (argument checks, TMA descriptors, Triton's dispatch) takes longer than
+its kernels starves the GPU when it is called back to back, as an eager training step calls it.
+Per (shape, config) this records:
+
+* ``host_us``: the host's time per call over ``CALLS`` back-to-back calls that do not wait for the
+  GPU (the queue takes them);
+* ``events_ms``: CUDA events around the same back-to-back calls, per call (what a step sees);
+* ``device_ms``: ``triton.testing.do_bench``'s median with the L2 flushed between calls (as the sweeps
+  time; the flush's kernel runs while the host prepares the next call).
+
+Usage: python bench/launch_host_time.py TABLE OUT_JSON KERNEL PRESETS [--only TEXT] [--configs JSON]
+(as ``bench/kernel_resources.py``: default and tuned config per shape, or named configs over the default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+from kernels import registry
+from launch_variants import configs_at, preset_shapes  # bench/ is the script directory
+
+CALLS = 200
+WARMUP_CALLS = 20
+
+
+def _host_and_events(fn) -> tuple[float, float]:
+    """Host µs a call and events ms a call over CALLS back-to-back calls."""
+    for _ in range(WARMUP_CALLS):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(CALLS):
+        fn()
+    host = (time.perf_counter() - t0) / CALLS * 1e6
+    end.record()
+    torch.cuda.synchronize()
+    return host, start.elapsed_time(end) / CALLS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("table")
+    parser.add_argument("out")
+    parser.add_argument("kernel")
+    parser.add_argument("presets")
+    parser.add_argument("--only", default="")
+    parser.add_argument("--configs", default=None, help="JSON: variant name -> config over the default")
+    args = parser.parse_args()
+    kernel = registry.get(args.kernel)
+    entries = json.loads(Path(args.table).read_text())["entries"].get(args.kernel, {})
+    overrides = json.loads(args.configs) if args.configs else None
+    rows = []
+    for key, shape in preset_shapes(kernel, args.presets.split(","), args.only).items():
+        inputs = kernel.make_inputs(shape, torch.device("cuda"), 0)
+        for variant, config in configs_at(kernel, shape, entries, overrides).items():
+            fn = lambda: kernel.run(inputs, config)  # noqa: E731 - one call of the launch
+            host_us, events_ms = _host_and_events(fn)
+            device_ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+            row = {"kernel": args.kernel, "shape": key, "variant": variant, "config": config,
+                   "host_us": round(host_us, 1), "events_ms": round(events_ms, 4), "device_ms": round(device_ms, 4)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
