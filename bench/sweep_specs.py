@@ -206,9 +206,10 @@ GLUE_BWD_SLABS_SPACE = GLUE_BWD_TRANSPOSED_WIDE_SPACE | {"BLOCK_K": [64], "SLABS
 GLUE_BWD_TMA_SPACE = GLUE_BWD_TRANSPOSED_WIDE_SPACE | {"BLOCK_K": [64, 128], "SLABS": [2, 8], "TMA": [0, 1]}
 
 
-def glue_bwd_grid_specs(name: str, space: dict) -> list[tuple[str, dict]]:
-    """The glue-bwd-transposed grid's shapes over another ``space``."""
-    return [(f"mhc_glue_bwd-{name}-grid", grid_spec("mhc_glue_bwd", shapes_of("mhc_glue_bwd"), space))]
+def glue_bwd_grid_specs(name: str, space: dict, min_tokens: int = 0) -> list[tuple[str, dict]]:
+    """The glue-bwd-transposed grid's shapes (those of at least ``min_tokens`` tokens) over another ``space``."""
+    shapes = [s for s in shapes_of("mhc_glue_bwd") if s["tokens"] >= min_tokens]
+    return [(f"mhc_glue_bwd-{name}-grid", grid_spec("mhc_glue_bwd", shapes, space))]
 
 
 # The indexer's selection (a third of its time, and slower in the tuned config than in the
@@ -438,6 +439,9 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "glue-bwd-transposed-wide": lambda: glue_bwd_grid_specs("transposed-wide", GLUE_BWD_TRANSPOSED_WIDE_SPACE),
     "glue-bwd-slabs": lambda: glue_bwd_grid_specs("slabs", GLUE_BWD_SLABS_SPACE),
     "glue-bwd-tma": lambda: glue_bwd_grid_specs("tma", GLUE_BWD_TMA_SPACE),
+    # At 4,096 tokens an eager call is host-bound and TMA adds host time (2026-12-02f write-up):
+    # the same grid at the 16,384-token shapes only.
+    "glue-bwd-tma-16384": lambda: glue_bwd_grid_specs("tma-16384", GLUE_BWD_TMA_SPACE, min_tokens=16384),
     "indexer-select": indexer_select_specs,
     "indexer-scoring-and-select": indexer_scoring_and_select_specs,
     "indexer-late-sum": indexer_late_sum_specs,
