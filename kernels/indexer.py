@@ -65,13 +65,16 @@ match the reference exactly, tie rule included.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.arch import INTERPRETER_ARCH, current_arch
-from kernels.launch import launch, tma_usable
+from kernels.launch import launch, tma_ready
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
 
@@ -94,41 +97,30 @@ def _mma(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _query_rows(q_src, w_ptr, batch, seq, heads, dim, s0, row_query, row_head, h0, dims, dim_mask,
+def _query_rows(q_ref, w_ptr, batch, seq, heads, dim, s0, row_query, row_head, h0, dims, dim_mask,
                 BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, DIM_PAD: tl.constexpr, TMA: tl.constexpr):
     """The ``[BLOCK_S * BLOCK_H, DIM_PAD]`` q rows of the block's queries at heads ``h0 + row_head``, and
     their fp32 head weights (zeros past the sequence or the heads).
 
-    With TMA, ``q_src`` is ``_q_descriptor``'s: rows past the sequence come back as the next batch
-    element's (or zeros), and columns past D as the next head's (or zeros): their w is 0 and k's
-    columns past D are zeros, so they add nothing. Else it is q's pointer.
+    With TMA, ``q_ref`` is a descriptor (``_score_operands``): for one head a dot, over
+    ``[B * S, H * D]`` with a ``[BLOCK_S, DIM_PAD]`` box at the head's columns; else over
+    ``[B, S, H, D]`` seen as ``[B * S, H, D]`` with a ``[BLOCK_S, BLOCK_H, DIM_PAD]`` box (heads past H
+    come back as zeros). Rows past the sequence come back as the next batch element's (or zeros),
+    and columns past D as the next head's (or zeros): their w is 0 and k's columns past D are
+    zeros, so they add nothing.
     """
     head = h0 + row_head
     row_mask = (row_query < seq) & (head < heads)
     q_rows = ((batch * seq + row_query) * heads + head).to(tl.int64)
     if TMA:
         if BLOCK_H == 1:
-            q = q_src.load([batch * seq + s0, h0 * dim])
+            q = q_ref.load([batch * seq + s0, h0 * dim])
         else:
-            q = q_src.load([batch * seq + s0, h0, 0]).reshape([BLOCK_S * BLOCK_H, DIM_PAD])
+            q = q_ref.load([batch * seq + s0, h0, 0]).reshape([BLOCK_S * BLOCK_H, DIM_PAD])
     else:
-        q = tl.load(q_src + q_rows[:, None] * dim + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :],
+        q = tl.load(q_ref + q_rows[:, None] * dim + dims[None, :], mask=row_mask[:, None] & dim_mask[None, :],
                     other=0.0)
     return q, tl.load(w_ptr + q_rows, mask=row_mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _q_descriptor(q_ptr, rows, heads, dim, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, DIM_PAD: tl.constexpr):
-    """A TMA descriptor over q's ``rows = B * S`` query rows, built on the device (no host encoding a
-    launch): for one head a dot, ``[B * S, H * D]`` in ``[BLOCK_S, DIM_PAD]`` boxes at a head's
-    columns; else ``[B * S, H, D]`` in ``[BLOCK_S, BLOCK_H, DIM_PAD]`` boxes (heads past H zeros)."""
-    if BLOCK_H == 1:
-        desc = tl.make_tensor_descriptor(q_ptr, shape=[rows, heads * dim], strides=[heads * dim, 1],
-                                         block_shape=[BLOCK_S, DIM_PAD])
-    else:
-        desc = tl.make_tensor_descriptor(q_ptr, shape=[rows, heads, dim], strides=[heads * dim, dim, 1],
-                                         block_shape=[BLOCK_S, BLOCK_H, DIM_PAD])
-    return desc
 
 
 @triton.jit
@@ -146,7 +138,7 @@ def _add_head_block(acc, scores, w, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr
 
 @triton.jit
 def _score_kernel(
-    q_ptr, k_ptr, w_ptr, scores_ptr, seq, n_keys, heads, dim, ratio,
+    q_ref, k_ref, w_ptr, scores_ptr, seq, n_keys, heads, dim, ratio,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, KEY_TILES: tl.constexpr,
     LATE_HEAD_SUM: tl.constexpr, DIM_PAD: tl.constexpr, UPCAST: tl.constexpr, ONE_HEAD_BLOCK: tl.constexpr,
     TMA: tl.constexpr,
@@ -167,22 +159,15 @@ def _score_kernel(
     if KEY_TILES > 0:  # this program's KEY_TILES key tiles (none past ``end``: it exits at once)
         t_begin = tl.program_id(1) * KEY_TILES * BLOCK_T
         end = tl.minimum(end, t_begin + KEY_TILES * BLOCK_T)
-    batches = tl.num_programs(0) // query_blocks
-    if TMA:  # q and key tiles by the tensor-memory accelerator: one instruction a tile, no addresses
-        q_src = _q_descriptor(q_ptr, batches * seq, heads, dim, BLOCK_S, BLOCK_H, DIM_PAD)
-        k_desc = tl.make_tensor_descriptor(k_ptr, shape=[batches * n_keys, dim], strides=[dim, 1],
-                                           block_shape=[BLOCK_T, DIM_PAD])
-    else:
-        q_src = q_ptr
     if ONE_HEAD_BLOCK:  # every head in one block: the block's q and w are loaded once, not per key tile
-        q_all, w_all = _query_rows(q_src, w_ptr, batch, seq, heads, dim, s0, row_query, row_head, 0, dims, dim_mask,
+        q_all, w_all = _query_rows(q_ref, w_ptr, batch, seq, heads, dim, s0, row_query, row_head, 0, dims, dim_mask,
                                    BLOCK_S, BLOCK_H, DIM_PAD, TMA)
     for t0 in range(t_begin, end, BLOCK_T):
         keys = t0 + tl.arange(0, BLOCK_T)
         if TMA:  # keys past ``end`` come back as later keys or zeros; their scores are not stored
-            k = k_desc.load([batch * n_keys + t0, 0])
+            k = k_ref.load([batch * n_keys + t0, 0])
         else:
-            k = tl.load(k_ptr + (batch * n_keys + keys).to(tl.int64)[:, None] * dim + dims[None, :],
+            k = tl.load(k_ref + (batch * n_keys + keys).to(tl.int64)[:, None] * dim + dims[None, :],
                         mask=(keys < end)[:, None] & dim_mask[None, :], other=0.0)
         k = tl.trans(k)
         # LATE_HEAD_SUM keeps a (query, head) row accumulator over the head loop and sums its heads
@@ -193,7 +178,7 @@ def _score_kernel(
                 q = q_all
                 w = w_all
             else:
-                q, w = _query_rows(q_src, w_ptr, batch, seq, heads, dim, s0, row_query, row_head, h0, dims, dim_mask,
+                q, w = _query_rows(q_ref, w_ptr, batch, seq, heads, dim, s0, row_query, row_head, h0, dims, dim_mask,
                                    BLOCK_S, BLOCK_H, DIM_PAD, TMA)
             acc = _add_head_block(acc, _mma(q, k, UPCAST), w, BLOCK_S, BLOCK_H, BLOCK_T, LATE_HEAD_SUM)
         if LATE_HEAD_SUM and BLOCK_H > 1:
@@ -356,6 +341,22 @@ def _select_kernel(
     tl.store(top_ptr + pad_slots, pad_score + tl.zeros([SELECT_ROWS, TOPK_PAD], tl.float32), mask=pad_mask)
 
 
+def _score_operands(q: torch.Tensor, k: torch.Tensor, config: Config, dim_pad: int) -> tuple[Any, Any, bool]:
+    """The scoring's q and k arguments: the tensors, or with ``TMA`` TMA descriptors over them (one
+    instruction a tile, no per-element addresses; see ``_query_rows`` for their boxes). Tensors
+    TMA cannot address take the pointer path."""
+    batch, seq, heads, dim = q.shape
+    block_s, block_h = config["BLOCK_S"], config["BLOCK_H"]
+    if not config.get("TMA") or not (tma_ready(q) and tma_ready(k)):
+        return q, k, False
+    if block_h == 1:
+        q_desc = TensorDescriptor.from_tensor(q.view(batch * seq, heads * dim), [block_s, dim_pad])
+    else:
+        q_desc = TensorDescriptor.from_tensor(q.view(batch * seq, heads, dim), [block_s, block_h, dim_pad])
+    k_desc = TensorDescriptor.from_tensor(k.view(-1, dim), [config["BLOCK_T"], dim_pad])
+    return q_desc, k_desc, True
+
+
 def _score_rows(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ratio: int, config: Config,
                 compile_only: bool = False) -> torch.Tensor:
     """Launch the scoring on contiguous inputs: fp32 ``[B, S, S // r]``, I where visible, undefined elsewhere."""
@@ -363,16 +364,16 @@ def _score_rows(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ratio: int, c
     n_keys = k.shape[1]
     rows = torch.empty(batch, seq, n_keys, dtype=torch.float32, device=q.device)
     dim_pad = max(16, triton.next_power_of_2(dim))
+    q_ref, k_ref, tma = _score_operands(q, k, config, dim_pad)
     key_tiles = config.get("KEY_TILES", 0)  # configs tuned before KEY_TILES or LATE_HEAD_SUM existed lack them
     key_groups = triton.cdiv(triton.cdiv(n_keys, config["BLOCK_T"]), key_tiles) if key_tiles else 1
     launch(
         _score_kernel,
         (batch * triton.cdiv(seq, config["BLOCK_S"]), max(1, key_groups)),
-        (q, k, w, rows, seq, n_keys, heads, dim, ratio),
+        (q_ref, k_ref, w, rows, seq, n_keys, heads, dim, ratio),
         {"BLOCK_S": config["BLOCK_S"], "BLOCK_H": config["BLOCK_H"], "BLOCK_T": config["BLOCK_T"],
          "KEY_TILES": key_tiles, "LATE_HEAD_SUM": config.get("LATE_HEAD_SUM", 0), "DIM_PAD": dim_pad,
-         "UPCAST": current_arch() == INTERPRETER_ARCH, "ONE_HEAD_BLOCK": config["BLOCK_H"] >= heads,
-         "TMA": tma_usable(config, q, k)},
+         "UPCAST": current_arch() == INTERPRETER_ARCH, "ONE_HEAD_BLOCK": config["BLOCK_H"] >= heads, "TMA": tma},
         config,
         compile_only,
     )

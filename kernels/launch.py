@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import triton
 
 from kernels.arch import INTERPRETER_ARCH, current_arch
 
@@ -28,17 +27,6 @@ def tma_ready(t: torch.Tensor) -> bool:
     size = t.element_size()
     return (t.numel() > 0 and t.stride(-1) == 1 and t.data_ptr() % 16 == 0
             and all(stride * size % 16 == 0 for stride in t.stride()[:-1]))
-
-
-def tma_usable(config: dict[str, Any], *tensors: torch.Tensor) -> bool:
-    """Whether ``config`` asks for TMA (its ``TMA`` knob) and TMA can address every one of ``tensors``."""
-    return bool(config.get("TMA")) and all(tma_ready(t) for t in tensors)
-
-
-def _descriptor_workspace(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    """Global scratch Triton asks for at launch when a kernel builds TMA descriptors on the device
-    (``tl.make_tensor_descriptor``: one 128-byte tensor map a descriptor a program)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def launch_options(config: dict[str, Any]) -> dict[str, Any]:
@@ -65,8 +53,6 @@ def launch(
     launches nothing, since CUDA rejects it.
     """
     options = {**constexprs, **launch_options(config)}
-    # Triton keeps its allocator in a context variable: set it in whichever thread launches.
-    triton.set_allocator(_descriptor_workspace)
     if compile_only:
         if current_arch() != INTERPRETER_ARCH:
             kernel.warmup(*args, grid=grid, **options)

@@ -40,13 +40,16 @@ fp32 registers across chunks.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.arch import INTERPRETER_ARCH, current_arch
 from kernels.grouped_gemm import _mma
-from kernels.launch import launch, tma_usable
+from kernels.launch import launch, tma_ready
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.rmsnorm import _tile
 from kernels.tuning import resolve
@@ -257,7 +260,7 @@ def _glue_bwd_gates_kernel(
 
 @triton.jit
 def _glue_bwd_kernel(
-    h_ptr, fn_ptr, dproj_ptr, drstd_ptr, dh_ptr, dfn_partial_ptr, n_tokens, width, tokens_per_slab,
+    h_ref, fn_ptr, dproj_ref, drstd_ptr, dh_ref, dfn_partial_ptr, n_tokens, width, tokens_per_slab,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DFN_TRANSPOSED: tl.constexpr, TMA: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
@@ -265,12 +268,10 @@ def _glue_bwd_kernel(
     first pass's split d_proj: two bf16 tiles and one float a token, where recomputing the gates
     read four fp32 tiles a token for every chunk. DFN_TRANSPOSED accumulates dfn as its
     ``[BLOCK_K, 32]`` transpose: the same sums, as dots whose M is BLOCK_K rather than the 32
-    logit rows, which sm_90 runs as wgmma (M >= 64). With TMA the h, d_proj and dh tiles move by the
-    tensor-memory accelerator through descriptors built here (h and dh ``[tokens, 4D]`` in
-    ``[BLOCK_N, BLOCK_K]`` boxes; d_proj ``[2, tokens, 32]`` in one part's box, so that the high
-    part's rows past the tokens are zeros, not the low part's), past the tokens zero-filled on load
-    and clipped on store, where pointers cost per-element addresses and masks in the L1 path (the
-    kernel's limit under Nsight Compute, 2026-12-02)."""
+    logit rows, which sm_90 runs as wgmma (M >= 64). With TMA, ``h_ref``, ``dproj_ref`` and ``dh_ref``
+    are descriptors (``_glue_bwd_operands``): the tiles move by the tensor-memory accelerator, past
+    the tokens zero-filled on load and clipped on store, where pointers cost per-element addresses
+    and masks in the L1 path (the kernel's limit under Nsight Compute, 2026-12-02)."""
     slab = tl.program_id(0)
     logits = tl.arange(0, _LOGITS_PAD)
     ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -282,37 +283,29 @@ def _glue_bwd_kernel(
         dfn = tl.zeros([BLOCK_K, _LOGITS_PAD], dtype=tl.float32)
     else:
         dfn = tl.zeros([_LOGITS_PAD, BLOCK_K], dtype=tl.float32)
-    if TMA:
-        h_desc = tl.make_tensor_descriptor(h_ptr, shape=[n_tokens, width], strides=[width, 1],
-                                           block_shape=[BLOCK_N, BLOCK_K])
-        dh_desc = tl.make_tensor_descriptor(dh_ptr, shape=[n_tokens, width], strides=[width, 1],
-                                            block_shape=[BLOCK_N, BLOCK_K])
-        dproj_desc = tl.make_tensor_descriptor(dproj_ptr, shape=[2, n_tokens, _LOGITS_PAD],
-                                               strides=[n_tokens * _LOGITS_PAD, _LOGITS_PAD, 1],
-                                               block_shape=[1, BLOCK_N, _LOGITS_PAD])
     first_token = slab * tokens_per_slab
     for t0 in range(first_token, tl.minimum(first_token + tokens_per_slab, n_tokens), BLOCK_N):
         tokens = t0 + tl.arange(0, BLOCK_N)
         d_rstd = tl.load(drstd_ptr + tokens, mask=tokens < n_tokens, other=0.0)
         x_offsets, x_mask = _tile(tokens, ks, n_tokens, width)
         if TMA:
-            dp_hi = dproj_desc.load([0, t0, 0]).reshape([BLOCK_N, _LOGITS_PAD])
-            dp_lo = dproj_desc.load([1, t0, 0]).reshape([BLOCK_N, _LOGITS_PAD])
-            x = h_desc.load([t0, tl.program_id(1) * BLOCK_K])
+            dp_hi = dproj_ref.load([0, t0, 0]).reshape([BLOCK_N, _LOGITS_PAD])
+            dp_lo = dproj_ref.load([1, t0, 0]).reshape([BLOCK_N, _LOGITS_PAD])
+            x = h_ref.load([t0, tl.program_id(1) * BLOCK_K])
         else:
             p_offsets, p_mask = _tile(tokens, logits, n_tokens, _LOGITS_PAD)
-            dp_hi = tl.load(dproj_ptr + p_offsets, mask=p_mask, other=0.0)
-            dp_lo = tl.load(dproj_ptr + n_tokens * _LOGITS_PAD + p_offsets, mask=p_mask, other=0.0)
-            x = tl.load(h_ptr + x_offsets, mask=x_mask, other=0.0)
+            dp_hi = tl.load(dproj_ref + p_offsets, mask=p_mask, other=0.0)
+            dp_lo = tl.load(dproj_ref + n_tokens * _LOGITS_PAD + p_offsets, mask=p_mask, other=0.0)
+            x = tl.load(h_ref + x_offsets, mask=x_mask, other=0.0)
         # dx = d_proj @ fn at about fp32 accuracy: the three products above the low-by-low one.
         dx = _mma(dp_hi, w_hi, tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32), UPCAST)
         dx = _mma(dp_hi, w_lo, dx, UPCAST)
         dx = _mma(dp_lo, w_hi, dx, UPCAST)
         dx -= d_rstd[:, None] * x.to(tl.float32)
         if TMA:
-            dh_desc.store([t0, tl.program_id(1) * BLOCK_K], dx.to(dh_ptr.dtype.element_ty))
+            dh_ref.store([t0, tl.program_id(1) * BLOCK_K], dx.to(dh_ref.dtype))
         else:
-            tl.store(dh_ptr + x_offsets, dx.to(dh_ptr.dtype.element_ty), mask=x_mask)
+            tl.store(dh_ref + x_offsets, dx.to(dh_ref.dtype.element_ty), mask=x_mask)
         if DFN_TRANSPOSED:
             dfn = _dot_split(tl.trans(x), dp_lo, _dot_split(tl.trans(x), dp_hi, dfn, UPCAST), UPCAST)
         else:
@@ -414,6 +407,19 @@ def _glue_forward(
     return pre, post, comb, m, rstd
 
 
+def _glue_bwd_operands(h: torch.Tensor, dproj: torch.Tensor, dh: torch.Tensor,
+                       config: Config) -> tuple[Any, Any, Any, bool]:
+    """The main backward kernel's h, d_proj and dh arguments: the tensors, or with ``TMA`` descriptors
+    over them (h and dh ``[tokens, 4D]`` in ``[BLOCK_N, BLOCK_K]`` boxes; d_proj ``[2, tokens, 32]`` in
+    one part's ``[1, BLOCK_N, 32]`` box, so that the high part's rows past the tokens are zeros, not
+    the low part's). Tensors TMA cannot address take the pointer path."""
+    if not config.get("TMA") or not all(tma_ready(t) for t in (h, dproj, dh)):
+        return h, dproj, dh, False
+    box = [config["BLOCK_N"], config["BLOCK_K"]]
+    return (TensorDescriptor.from_tensor(h, box), TensorDescriptor.from_tensor(dproj, [1, config["BLOCK_N"], _N_PAD]),
+            TensorDescriptor.from_tensor(dh, box), True)
+
+
 def _glue_backward(
     h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, m: torch.Tensor,
     rstd: torch.Tensor, dpre: torch.Tensor, dpost: torch.Tensor, dcomb: torch.Tensor, config: Config,
@@ -439,13 +445,13 @@ def _glue_backward(
         {"num_warps": 4},
         compile_only,
     )
+    h_ref, dproj_ref, dh_ref, tma = _glue_bwd_operands(h, dproj, dh, config)
     launch(
         _glue_bwd_kernel,
         (slabs, triton.cdiv(width, config["BLOCK_K"])),
-        (h, fn, dproj, drstd, dh, dfn_partial, n_tokens, width, tokens_per_slab),
+        (h_ref, fn, dproj_ref, drstd, dh_ref, dfn_partial, n_tokens, width, tokens_per_slab),
         {"BLOCK_N": block_n, "BLOCK_K": config["BLOCK_K"], "DFN_TRANSPOSED": bool(config.get("DFN_TRANSPOSED")),  # older configs lack it
-         "TMA": tma_usable(config, h, dproj, dh),
-         "UPCAST": current_arch() == INTERPRETER_ARCH},
+         "TMA": tma, "UPCAST": current_arch() == INTERPRETER_ARCH},
         config,
         compile_only,
     )

@@ -8,7 +8,6 @@ import torch
 
 from kernels import indexer, registry
 from kernels.arch import current_arch, kernel_device
-from kernels.launch import tma_usable
 from kernels.indexer import (
     index_scores_reference, indexer_topk, indexer_topk_reference, select_topk_reference,
 )
@@ -226,7 +225,8 @@ def test_scores_by_tma_descriptors_match_eager(block_s, block_h, heads, dim, lat
     q, k, w = _gaussian(2, 45, heads, dim, 4, seed=17 + dim + heads)
     config = {"BLOCK_S": block_s, "BLOCK_H": block_h, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": late_head_sum,
               "num_warps": 4, "num_stages": 1, "TMA": 1}
-    assert tma_usable(config, q, k), "the TMA path must run"
+    dim_pad = max(16, 1 << (dim - 1).bit_length())
+    assert indexer._score_operands(q, k, config, dim_pad)[2], "the TMA path must run"
     scores = indexer._score_rows(q, k, w, 4, config)
     reference = index_scores_reference(q, k, w, 4)
     visible = reference > -float("inf")
@@ -236,10 +236,10 @@ def test_scores_by_tma_descriptors_match_eager(block_s, block_h, heads, dim, lat
 def test_tma_falls_back_to_pointers_on_rows_it_cannot_address():
     q, k, _ = _gaussian(1, 16, 6, 30, 4, seed=0)  # 60-byte rows: not 16-byte aligned
     config = {"BLOCK_S": 8, "BLOCK_H": 2, "BLOCK_T": 16, "TMA": 1}
-    assert not tma_usable(config, q, k)
+    assert not indexer._score_operands(q, k, config, 32)[2]
     q, k, _ = _gaussian(1, 16, 6, 32, 4, seed=0)
-    assert tma_usable(config, q, k)
-    assert not tma_usable({**config, "TMA": 0}, q, k)
+    assert indexer._score_operands(q, k, config, 32)[2]
+    assert not indexer._score_operands(q, k, {**config, "TMA": 0}, 32)[2]
 
 
 @pytest.mark.parametrize("config", CONFIGS)
