@@ -61,7 +61,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.arch import INTERPRETER_ARCH, current_arch
-from kernels.launch import launch, tma_ready
+from kernels.launch import launch, tma_usable
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
 
@@ -260,7 +260,7 @@ def _operands(a: Tensor, b: Tensor, config: Config) -> tuple[Any, Any, dict[str,
     """
     weight = b.transpose(1, 2) if b.stride(1) == 1 else b
     kmajor = weight is not b
-    if not config.get("TMA") or not (tma_ready(a) and tma_ready(weight)):
+    if not tma_usable(config, a, weight):
         return a, b, {"TMA": False, "B_KMAJOR": kmajor}
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     b_block = [1, block_n, block_k] if kmajor else [1, block_k, block_n]

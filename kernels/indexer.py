@@ -29,9 +29,9 @@ Two launches, tuned together as ``indexer_fwd``:
   are loaded once per program instead of once per key tile. ``TMA`` loads the q and key tiles
   through TMA descriptors: one instruction a tile instead of per-element addresses (the sm_90
   head loop compiles to 214 instructions instead of 255 at 64 queries x 256 keys on 8 warps,
-  Triton 3.6; on the H200, 2026-12-02, 14-15% faster at each shape's best one-head tiling). The causal mask is computed inline from the
-  indices; only visible scores are stored, into a fp32 ``[B, S, S // r]`` buffer (the
-  rest is never written or read).
+  Triton 3.6; on the H200, 2026-12-02, 14-15% faster at each shape's best one-head tiling).
+  The causal mask is computed inline from the indices; only visible scores are stored, into a
+  fp32 ``[B, S, S // r]`` buffer (the rest is never written or read).
 * Selection, in Triton. A program holds ``SELECT_ROWS`` score rows (``next_pow2(S // r)``
   values each) in registers, maps every score to an order-preserving uint32 key (-0.0 and
   +0.0 as one) and finds the k-th largest key exactly, a bit at a time from the top (at
@@ -74,7 +74,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.arch import INTERPRETER_ARCH, current_arch
-from kernels.launch import launch, tma_ready
+from kernels.launch import launch, tma_usable
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
 
@@ -347,7 +347,7 @@ def _score_operands(q: torch.Tensor, k: torch.Tensor, config: Config, dim_pad: i
     TMA cannot address take the pointer path."""
     batch, seq, heads, dim = q.shape
     block_s, block_h = config["BLOCK_S"], config["BLOCK_H"]
-    if not config.get("TMA") or not (tma_ready(q) and tma_ready(k)):
+    if not tma_usable(config, q, k):
         return q, k, False
     if block_h == 1:
         q_desc = TensorDescriptor.from_tensor(q.view(batch * seq, heads * dim), [block_s, dim_pad])

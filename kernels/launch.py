@@ -29,6 +29,11 @@ def tma_ready(t: torch.Tensor) -> bool:
             and all(stride * size % 16 == 0 for stride in t.stride()[:-1]))
 
 
+def tma_usable(config: dict[str, Any], *tensors: torch.Tensor) -> bool:
+    """Whether ``config`` asks for TMA (its ``TMA`` knob) and a descriptor can address every one of ``tensors``."""
+    return bool(config.get("TMA")) and all(tma_ready(t) for t in tensors)
+
+
 def launch_options(config: dict[str, Any]) -> dict[str, Any]:
     """The Triton launch keyword options in ``config``, for the running backend."""
     names: tuple[str, ...] = _COMMON_OPTIONS

@@ -49,7 +49,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.arch import INTERPRETER_ARCH, current_arch
 from kernels.grouped_gemm import _mma
-from kernels.launch import launch, tma_ready
+from kernels.launch import launch, tma_usable
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.rmsnorm import _tile
 from kernels.tuning import resolve
@@ -413,7 +413,7 @@ def _glue_bwd_operands(h: torch.Tensor, dproj: torch.Tensor, dh: torch.Tensor,
     over them (h and dh ``[tokens, 4D]`` in ``[BLOCK_N, BLOCK_K]`` boxes; d_proj ``[2, tokens, 32]`` in
     one part's ``[1, BLOCK_N, 32]`` box, so that the high part's rows past the tokens are zeros, not
     the low part's). Tensors TMA cannot address take the pointer path."""
-    if not config.get("TMA") or not all(tma_ready(t) for t in (h, dproj, dh)):
+    if not tma_usable(config, h, dproj, dh):
         return h, dproj, dh, False
     box = [config["BLOCK_N"], config["BLOCK_K"]]
     return (TensorDescriptor.from_tensor(h, box), TensorDescriptor.from_tensor(dproj, [1, config["BLOCK_N"], _N_PAD]),
