@@ -378,14 +378,16 @@ INDEXER_ONE_HEAD_BLOCK_SPACE = {"BLOCK_S": [1, 2, 4], "BLOCK_H": [64], "BLOCK_T"
                                 "LATE_HEAD_SUM": [0], "num_warps": [4, 8], "num_stages": [2, 3], "maxnreg": [None]}
 
 
-def indexer_one_head_block_specs() -> list[tuple[str, dict]]:
+def indexer_scoring_grid_specs(name: str, scoring: dict, topk: int | None = None) -> list[tuple[str, dict]]:
+    """Grids of the scoring params ``scoring`` at each indexer shape (of ``topk`` only, if given), each
+    shape's selection held at its committed entry."""
     specs = []
     for shape in shapes_of("indexer_fwd"):
-        if shape["topk"] != 512:
+        if topk is not None and shape["topk"] != topk:
             continue
         selection = committed_config("indexer_fwd", shape)
-        space = INDEXER_ONE_HEAD_BLOCK_SPACE | {p: [selection[p]] for p in INDEXER_INTERP_SELECT_SPACE}
-        specs.append((f"indexer_fwd-one-head-block-grid-{shape['seq']}", grid_spec("indexer_fwd", [shape], space)))
+        space = scoring | {p: [selection[p]] for p in INDEXER_INTERP_SELECT_SPACE}
+        specs.append((f"indexer_fwd-{name}-grid-{shape['seq']}-{shape['topk']}", grid_spec("indexer_fwd", [shape], space)))
     return specs
 
 
@@ -401,17 +403,6 @@ INDEXER_TMA_SPACE = {"BLOCK_S": [64, 128], "BLOCK_H": [1], "BLOCK_T": [128, 256]
 INDEXER_TMA_HEAD_BLOCKS_SPACE = {"BLOCK_S": [8, 16, 32], "BLOCK_H": [2, 4, 8], "BLOCK_T": [128], "KEY_TILES": [0, 1],
                                  "LATE_HEAD_SUM": [1], "num_warps": [4, 8], "num_stages": [3], "maxnreg": [None],
                                  "TMA": [0, 1]}
-
-
-def indexer_tma_specs(name: str, scoring: dict) -> list[tuple[str, dict]]:
-    """Grids of the scoring params ``scoring`` at every indexer shape, each shape's selection held at
-    its committed entry."""
-    specs = []
-    for shape in shapes_of("indexer_fwd"):
-        selection = committed_config("indexer_fwd", shape)
-        space = scoring | {p: [selection[p]] for p in INDEXER_INTERP_SELECT_SPACE}
-        specs.append((f"indexer_fwd-{name}-grid-{shape['seq']}-{shape['topk']}", grid_spec("indexer_fwd", [shape], space)))
-    return specs
 
 
 # The router forward's top-k rounds as one argmax each (ARGMAX 1: 93 sm_90 instructions a round
@@ -456,9 +447,9 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-tpe": indexer_tpe_specs,
     "indexer-interp-select": indexer_interp_select_specs,
     "compressor-bwd-slabs": compressor_bwd_slabs_specs,
-    "indexer-one-head-block": indexer_one_head_block_specs,
-    "indexer-tma": lambda: indexer_tma_specs("tma", INDEXER_TMA_SPACE),
-    "indexer-tma-head-blocks": lambda: indexer_tma_specs("tma-head-blocks", INDEXER_TMA_HEAD_BLOCKS_SPACE),
+    "indexer-one-head-block": lambda: indexer_scoring_grid_specs("one-head-block", INDEXER_ONE_HEAD_BLOCK_SPACE, topk=512),
+    "indexer-tma": lambda: indexer_scoring_grid_specs("tma", INDEXER_TMA_SPACE),
+    "indexer-tma-head-blocks": lambda: indexer_scoring_grid_specs("tma-head-blocks", INDEXER_TMA_HEAD_BLOCKS_SPACE),
 }
 
 
