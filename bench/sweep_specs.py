@@ -266,7 +266,7 @@ def indexer_late_sum_specs() -> list[tuple[str, dict]]:
 # when some head's max grows by more than 8 log2 units) against rescaling every tile, over the
 # tile lengths and stages of the tuned configs, at the six sequence-4,096 shapes.
 ATTENTION_FWD_LAZY_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "TAIL_K": [0], "num_warps": [8],
-                            "num_stages": [1, 2], "RESCALE_SLACK": [0, 8], "maxnreg": [None]}
+                            "num_stages": [1, 2], "RESCALE_SLACK": [0, 8], "UNCHAINED": [0], "maxnreg": [None]}
 
 
 def attention_fwd_grid_specs(name: str, seq: int, space: dict) -> list[tuple[str, dict]]:
@@ -281,7 +281,7 @@ ATTENTION_FWD_TILES_SPACE = ATTENTION_FWD_LAZY_SPACE | {"RESCALE_SLACK": [0]}
 # The HCA forward, the one layer type whose default no sweep has beaten at sequence 4,096: head
 # blocks, tile lengths, warps and a third stage, at its four shapes.
 ATTENTION_FWD_HCA_SPACE = {"BLOCK_H": [32, 64], "TILE_K": [16, 32, 64], "TAIL_K": [0], "num_warps": [4, 8],
-                           "num_stages": [2, 3], "RESCALE_SLACK": [0], "maxnreg": [None]}
+                           "num_stages": [2, 3], "RESCALE_SLACK": [0], "UNCHAINED": [0], "maxnreg": [None]}
 
 
 def attention_fwd_hca_specs() -> list[tuple[str, dict]]:
@@ -294,10 +294,23 @@ def attention_fwd_hca_specs() -> list[tuple[str, dict]]:
 # 32 (sequence 4,096) or 64 compressed ones, a CSA query's below sequence 4 * topk ragged.
 ATTENTION_FWD_TAIL_SPACES = {  # by compress ratio
     128: {"BLOCK_H": [32, 64], "TILE_K": [32, 64], "TAIL_K": [0, 16, 32], "num_warps": [4, 8], "num_stages": [2, 3],
-          "RESCALE_SLACK": [0], "maxnreg": [None]},
+          "RESCALE_SLACK": [0], "UNCHAINED": [0], "maxnreg": [None]},
     4: {"BLOCK_H": [64], "TILE_K": [64], "TAIL_K": [0, 16, 32], "num_warps": [8], "num_stages": [1, 2],
-        "RESCALE_SLACK": [0], "maxnreg": [None]},
+        "RESCALE_SLACK": [0], "UNCHAINED": [0], "maxnreg": [None]},
 }
+
+
+# P through memory (UNCHAINED, 2026-12-03) beside the chained form, over the 64-head tilings that
+# won the forward at every shape (32- or 64-entry tiles, a 32-entry tail or none, one or two
+# stages), at all twelve shapes.
+ATTENTION_FWD_UNCHAINED_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "TAIL_K": [0, 32], "num_warps": [8],
+                                 "num_stages": [1, 2], "RESCALE_SLACK": [0], "UNCHAINED": [0, 1], "maxnreg": [None]}
+
+
+def attention_fwd_unchained_specs() -> list[tuple[str, dict]]:
+    return [(f"sparse_attn_fwd-unchained-grid-{seq}",
+             grid_spec("sparse_attn_fwd", shapes_of("sparse_attn_fwd", seq), ATTENTION_FWD_UNCHAINED_SPACE))
+            for seq in (4096, 8192)]
 
 
 def attention_fwd_tail_specs() -> list[tuple[str, dict]]:
@@ -440,6 +453,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "attention-fwd-8192-tiles": lambda: attention_fwd_grid_specs("tiles", 8192, ATTENTION_FWD_TILES_SPACE),
     "attention-fwd-hca": attention_fwd_hca_specs,
     "attention-fwd-tail": attention_fwd_tail_specs,
+    "attention-fwd-unchained": attention_fwd_unchained_specs,
     "compressor": compressor_specs,
     "router-argmax": router_argmax_specs,
     "search-efficiency": search_efficiency_specs,

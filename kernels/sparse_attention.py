@@ -154,7 +154,8 @@ def _gather_entries(kv_ptr, kvc_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv
 
 
 @triton.jit
-def _attend_tile(q, e, valid, m, denom, acc, qk_scale, RESCALE_SLACK: tl.constexpr):
+def _attend_tile(q, e, valid, m, denom, acc, qk_scale, p_scratch, alpha_scratch, parity,
+                 RESCALE_SLACK: tl.constexpr, UNCHAINED: tl.constexpr):
     """One entry tile ``e`` (rows ``valid``) of the forward's online softmax: the new log2-domain
     running max, denominator and ``[BLOCK_H, 512]`` fp32 accumulator of the block's heads.
 
@@ -162,6 +163,13 @@ def _attend_tile(q, e, valid, m, denom, acc, qk_scale, RESCALE_SLACK: tl.constex
     the accumulator and denominator, move only once some head's tile max exceeds it by more than
     that many log2 units, so most tiles skip the ``BLOCK_H x 512`` multiply; until then P stays
     below ``2**RESCALE_SLACK``, which bf16 and the fp32 sums hold exactly as well.
+
+    UNCHAINED (with RESCALE_SLACK 0) hands P and the rescale factor to the second dot through
+    memory: ``[2, BLOCK_H, TILE_K]`` bf16 from ``p_scratch`` and ``[2, BLOCK_H]`` fp32 from
+    ``alpha_scratch``, the half picked by ``parity``, so that a warp still reading one tile's P is
+    not overwritten by a faster warp's next tile (one barrier a tile). Triton lays out a dot whose result feeds another dot with all its warps along M,
+    so at 64 heads on 8 warps both warpgroups compute the whole ``Q E^T``; through memory the two
+    dots are no longer chained, and each warpgroup computes half of the tile's logits.
     """
     logits = tl.dot(q, tl.trans(e)) * qk_scale
     logits = tl.where(valid[None, :], logits, float("-inf"))
@@ -172,13 +180,22 @@ def _attend_tile(q, e, valid, m, denom, acc, qk_scale, RESCALE_SLACK: tl.constex
             acc = acc * alpha[:, None]
             denom = denom * alpha
             m = m_new
+        p = tl.exp2(logits - m[:, None])
+        denom += tl.sum(p, axis=1)
     else:
         alpha = tl.exp2(m - m_new)
-        acc = acc * alpha[:, None]
-        denom = denom * alpha
+        p = tl.exp2(logits - m_new[:, None])
+        denom = denom * alpha + tl.sum(p, axis=1)
         m = m_new
-    p = tl.exp2(logits - m[:, None])
-    denom += tl.sum(p, axis=1)
+        if UNCHAINED:
+            rows = parity * q.shape[0] + tl.arange(0, q.shape[0])
+            p_rows = p_scratch + rows[:, None] * e.shape[0] + tl.arange(0, e.shape[0])[None, :]
+            tl.store(p_rows, p.to(tl.bfloat16))
+            tl.store(alpha_scratch + rows, alpha)
+            tl.debug_barrier()
+            p = tl.load(p_rows)
+            alpha = tl.load(alpha_scratch + rows)
+        acc = acc * alpha[:, None]
     acc = tl.dot(p.to(tl.bfloat16).to(e.dtype), e, acc)
     return m, denom, acc
 
@@ -202,7 +219,7 @@ def _sparse_attn_fwd_kernel(
     q_ptr, kv_ptr, kvc_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr,
     S, H, SC, TOPK, WINDOW, qk_scale,
     RATIO: tl.constexpr, BLOCK_H: tl.constexpr, TILE_K: tl.constexpr, TAIL_K: tl.constexpr,
-    RESCALE_SLACK: tl.constexpr, UPCAST: tl.constexpr,
+    RESCALE_SLACK: tl.constexpr, UNCHAINED: tl.constexpr, UPCAST: tl.constexpr,
 ):
     s = tl.program_id(0)
     b = tl.program_id(2)
@@ -216,6 +233,9 @@ def _sparse_attn_fwd_kernel(
     m = tl.load(sink_ptr + heads, mask=h_mask, other=0.0) * _LOG2E_C
     denom = tl.full([BLOCK_H], 1.0, tl.float32)
     acc = tl.zeros([BLOCK_H, _D], dtype=tl.float32)
+    # UNCHAINED's scratch: the program's own o rows, written only at the end (see _attend_tile).
+    p_scratch = o_ptr + ((b * S + s).to(tl.int64) * H + tl.program_id(1) * BLOCK_H) * _D
+    alpha_scratch = (p_scratch + 2 * BLOCK_H * TILE_K).to(tl.pointer_type(tl.float32))
     n_pos = _entry_count(s, TOPK, WINDOW, RATIO)
     # With a TAIL_K tile, the TILE_K tiles stop where at most TAIL_K positions remain, and one
     # TAIL_K tile takes those: a query's last partial tile is then at most TAIL_K wide.
@@ -223,13 +243,17 @@ def _sparse_attn_fwd_kernel(
     for p0 in range(0, n_main, TILE_K):
         e, valid, _ = _gather_entries(kv_ptr, kvc_ptr, idx_ptr, p0 + tl.arange(0, TILE_K), s, b, S, SC, TOPK,
                                       WINDOW, 0, n_pos, RATIO, UPCAST)
-        m, denom, acc = _attend_tile(q, e, valid, m, denom, acc, qk_scale, RESCALE_SLACK)
+        m, denom, acc = _attend_tile(q, e, valid, m, denom, acc, qk_scale, p_scratch, alpha_scratch,
+                                     (p0 // TILE_K) % 2, RESCALE_SLACK, UNCHAINED)
     if TAIL_K > 0:
         tail = tl.cdiv(n_main, TILE_K) * TILE_K
         if tail < n_pos:
             e, valid, _ = _gather_entries(kv_ptr, kvc_ptr, idx_ptr, tail + tl.arange(0, TAIL_K), s, b, S, SC, TOPK,
                                           WINDOW, 0, n_pos, RATIO, UPCAST)
-            m, denom, acc = _attend_tile(q, e, valid, m, denom, acc, qk_scale, RESCALE_SLACK)
+            m, denom, acc = _attend_tile(q, e, valid, m, denom, acc, qk_scale, p_scratch, alpha_scratch,
+                                         (tail // TILE_K) % 2, RESCALE_SLACK, UNCHAINED)
+    if UNCHAINED:
+        tl.debug_barrier()  # every warp has read its last P before o overwrites the scratch
     tl.store(o_ptr + offsets, (acc / denom[:, None]).to(o_ptr.dtype.element_ty), mask=h_mask[:, None])
     tl.store(lse_ptr + (b * S + s).to(tl.int64) * H + heads, (m + tl.log2(denom)) * _LN2_C, mask=h_mask)
 
@@ -355,13 +379,17 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
     batch, seq, heads, n_comp, topk = _geometry(q, kvc, indices)
     o = torch.empty_like(q)
     lse = torch.empty(batch, seq, heads, dtype=torch.float32, device=q.device)
+    unchained = bool(config.get("UNCHAINED"))
+    if unchained and heads % config["BLOCK_H"]:
+        raise ValueError(f"UNCHAINED needs BLOCK_H ({config['BLOCK_H']}) to divide the heads ({heads}): "
+                         "each program keeps its scratch in its own rows of o")
     launch(
         _sparse_attn_fwd_kernel,
         (seq, triton.cdiv(heads, config["BLOCK_H"]), batch),
         (q, kv, kv if kvc is None else kvc, kv if indices is None else indices, sink, o, lse,
          seq, heads, n_comp, topk, window, SOFTMAX_SCALE * _LOG2E),
         {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "TAIL_K": config.get("TAIL_K", 0),
-         "RESCALE_SLACK": config.get("RESCALE_SLACK", 0), "UPCAST": _interpreted()},
+         "RESCALE_SLACK": config.get("RESCALE_SLACK", 0), "UNCHAINED": unchained, "UPCAST": _interpreted()},
         config,
         compile_only,
     )
@@ -731,7 +759,7 @@ def _default_fwd_config(shape: Shape) -> Config:
     block_h = min(64, max(16, triton.next_power_of_2(shape["heads"])))
     entries = _max_entries(shape["ratio"], shape["seq"], shape["topk"], shape["window"])
     return {"BLOCK_H": block_h, "TILE_K": 32 if entries > 16 else 16, "num_warps": 8 if block_h == 64 else 4,
-            "num_stages": 2, "TAIL_K": 0, "RESCALE_SLACK": 0}
+            "num_stages": 2, "TAIL_K": 0, "RESCALE_SLACK": 0, "UNCHAINED": 0}
 
 
 def _default_bwd_config(shape: Shape) -> Config:

@@ -121,9 +121,34 @@ def test_tail_tile_matches_eager(seq, ratio, topk, window):
     torch.testing.assert_close(lse, lse_ref, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize(("seq", "ratio", "topk", "window", "tail"),
+                         [(120, 0, 0, 40, 0), (120, sparse_attention.CSA_RATIO, 20, 24, 8),
+                          (300, sparse_attention.HCA_RATIO, 0, 40, 0)], ids=["window", "csa-tail", "hca"])
+def test_unchained_tiles_match_eager(seq, ratio, topk, window, tail):
+    """P and the rescale factor through the scratch in o's rows: up to four 16-entry tiles (both
+    scratch halves, each reused), two head blocks, B = 2, logits spread over tens of log2 units so
+    that the rescale factor matters, and on CSA a tail tile shorter than the scratch rows."""
+    p = _problem(2, seq, 32, ratio, topk, window, seed=17)
+    q = (p["q"].float() * 12).to(torch.bfloat16)
+    config = {"BLOCK_H": 16, "TILE_K": 16, "TAIL_K": tail, "num_warps": 4, "num_stages": 1, "UNCHAINED": 1}
+    o, lse = sparse_attention._forward(q, p["kv"], p.get("kv_compressed"), p.get("indices"), p["sink"], ratio, window,
+                                       config)
+    o_ref, lse_ref = sparse_attention._reference(q, p["kv"], p["sink"], ratio, p.get("kv_compressed"),
+                                                 p.get("indices"), window)
+    _close(o, o_ref)
+    torch.testing.assert_close(lse, lse_ref, rtol=1e-4, atol=1e-3)
+
+
+def test_unchained_needs_whole_head_blocks():
+    p = _problem(1, 40, 20, 0, 0, 16, seed=1)
+    config = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "UNCHAINED": 1}
+    with pytest.raises(ValueError, match="UNCHAINED needs BLOCK_H"):
+        sparse_attention._forward(p["q"], p["kv"], None, None, p["sink"], 0, 16, config)
+
+
 # (The small presets' defaults, 16 or 32 heads and entries a tile, run in the parity tests above.)
 FWD_CONFIGS = [
-    {"BLOCK_H": 32, "TILE_K": 32, "TAIL_K": 16, "num_warps": 8, "num_stages": 2},  # the CSA preset only
+    {"BLOCK_H": 32, "TILE_K": 32, "TAIL_K": 16, "num_warps": 8, "num_stages": 2, "UNCHAINED": 0},  # CSA preset only
 ]
 # The split mode as is runs in test_split_mode_in_passes_matches; each mode runs once transposed here.
 BWD_CONFIGS = [
@@ -221,8 +246,12 @@ def test_defaults_are_valid_configs_of_the_space_on_sm_90(name):
 def test_space_prunes_what_sm_90_cannot_hold():
     shape = registry.get("sparse_attn_fwd").presets["v4-flash"][2]
     fwd, bwd = load_space("sparse_attn_fwd"), load_space("sparse_attn_bwd")
-    fits = {"BLOCK_H": 64, "TILE_K": 32, "TAIL_K": 0, "num_warps": 8, "num_stages": 2}
+    fits = {"BLOCK_H": 64, "TILE_K": 32, "TAIL_K": 0, "num_warps": 8, "num_stages": 2, "RESCALE_SLACK": 0,
+            "UNCHAINED": 0}
     assert fwd.violation(fits, shape, "sm_90") is None
+    assert fwd.violation({**fits, "UNCHAINED": 1}, shape, "sm_90") is None
+    assert "UNCHAINED" in fwd.violation({**fits, "UNCHAINED": 1, "RESCALE_SLACK": 8}, shape, "sm_90")
+    assert "UNCHAINED" in fwd.violation({**fits, "UNCHAINED": 1, "BLOCK_H": 16}, {**shape, "heads": 20}, "sm_90")
     assert "max_regs_per_thread" in fwd.violation({**fits, "num_warps": 4}, shape, "sm_90")
     assert "TAIL_K < TILE_K" in fwd.violation({**fits, "TAIL_K": 32}, shape, "sm_90")
     split = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split", "DE_TRANSPOSED": 0}
