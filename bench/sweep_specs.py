@@ -154,7 +154,7 @@ def glue_4096_specs() -> list[tuple[str, dict]]:
 # blocks fit): a grid against the form it replaces, atomics, one pass, at the six sequence-4,096 shapes.
 ATTENTION_BWD_TRANSPOSED_SPACE = {"BLOCK_H": [32, 64], "TILE_K": [16, 32], "DE_TRANSPOSED": [0, 1],
                                   "num_warps": [8], "num_stages": [1, 2], "DKV_MODE": ["atomic"], "R_CHUNK": [0],
-                                  "maxnreg": [None]}
+                                  "UNCHAINED": [0], "maxnreg": [None]}
 
 
 def attention_bwd_transposed_specs(seq: int = 4096, space: dict = ATTENTION_BWD_TRANSPOSED_SPACE
@@ -167,6 +167,25 @@ def attention_bwd_transposed_specs(seq: int = 4096, space: dict = ATTENTION_BWD_
 # sequence-4,096 grid's winners all took (a 64 x 16 transposed tile at one stage hit an illegal
 # address there).
 ATTENTION_BWD_8192_SPACE = ATTENTION_BWD_TRANSPOSED_SPACE | {"num_stages": [2]}
+
+
+# The backward with dS and P through memory (UNCHAINED, 2026-12-03) beside the chained form, in the
+# one tiling whose first dots are warpgroup MMAs at 8 warps (64 heads x 16 entries, transposed; two
+# stages), atomics and the split reduction, at all twelve shapes; beside each shape's committed entry
+# (a one-point grid), which the export must be able to keep.
+ATTENTION_BWD_UNCHAINED_SPACE = {"BLOCK_H": [64], "TILE_K": [16], "DE_TRANSPOSED": [1], "num_warps": [8],
+                                 "num_stages": [2], "DKV_MODE": ["atomic", "split"], "R_CHUNK": [0],
+                                 "UNCHAINED": [0, 1], "maxnreg": [None]}
+
+
+def attention_bwd_unchained_specs() -> list[tuple[str, dict]]:
+    specs = []
+    for shape in shapes_of("sparse_attn_bwd"):
+        name = f"sparse_attn_bwd-unchained-{shape['seq']}-{shape['heads']}-{shape['ratio']}"
+        committed = committed_config("sparse_attn_bwd", shape) | {"UNCHAINED": 0}
+        specs += [(f"{name}-committed", grid_spec("sparse_attn_bwd", [shape], {p: [v] for p, v in committed.items()})),
+                  (f"{name}-grid", grid_spec("sparse_attn_bwd", [shape], ATTENTION_BWD_UNCHAINED_SPACE))]
+    return specs
 
 
 # The indexer's scoring with the key range as a grid axis (KEY_TILES) against the one-axis grid,
@@ -454,6 +473,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "attention-fwd-hca": attention_fwd_hca_specs,
     "attention-fwd-tail": attention_fwd_tail_specs,
     "attention-fwd-unchained": attention_fwd_unchained_specs,
+    "attention-bwd-unchained": attention_bwd_unchained_specs,
     "compressor": compressor_specs,
     "router-argmax": router_argmax_specs,
     "search-efficiency": search_efficiency_specs,

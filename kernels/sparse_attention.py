@@ -12,7 +12,8 @@ The entries of query s (positions in this order; the kernels walk them in ``TILE
 * HCA (``compress_ratio`` 128): every ``kv_compressed[t]`` with ``t < (s + 1) // 128``, counted
   from s in the kernel (no index tensor); any other ratio above 0 except 4 pools the same way
   (the ``tiny`` proxy preset's HCA layers use 16);
-* CSA (``compress_ratio`` 4): ``kv_compressed[indices[s, k]]`` for the indexer's top-k, -1 = padding.
+* CSA (``compress_ratio`` 4): ``kv_compressed[indices[s, k]]`` for the indexer's top-k, -1 = padding (a
+  query's picks end at its first -1, as the indexer writes them).
 
 Forward (``sparse_attn_fwd``): one program per (query, block of ``BLOCK_H`` heads). Each gathered
 ``[TILE_K, 512]`` entry tile is loaded once for the block's heads: logits = Q @ E^T on tensor cores,
@@ -111,13 +112,17 @@ _INT32_BYTES = 4
 
 
 @triton.jit
-def _entry_count(s, TOPK, WINDOW, RATIO: tl.constexpr):
-    """Entry positions of query s: its window, then its compressed slots. CSA reads only the first
-    ``min(TOPK, (s + 1) // 4)`` slots, where the indexer puts its picks (the causal most there are),
-    so an early query does not walk its -1 padding."""
+def _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO: tl.constexpr, TOPK_BLOCK: tl.constexpr):
+    """Entry positions of query s: its window, then its compressed slots. CSA reads at most the
+    first ``min(TOPK, (s + 1) // 4)`` slots, where the indexer puts its picks (the causal most
+    there are), and a query's picks end at its first -1: the rest of its row is padding. Counting
+    them once here lets every tile test its entries by position alone."""
     n = tl.minimum(s + 1, WINDOW)
     if RATIO == _CSA:
-        n += tl.minimum(TOPK, (s + 1) // RATIO)
+        n_read = tl.minimum(TOPK, (s + 1) // RATIO)
+        slots = tl.arange(0, TOPK_BLOCK)
+        picks = tl.load(idx_ptr + (b * S + s).to(tl.int64) * TOPK + slots, mask=slots < n_read, other=-1)
+        n += tl.min(tl.where((picks < 0) & (slots < n_read), slots, n_read), axis=0)
     elif RATIO != 0:
         n += (s + 1) // RATIO
     return n
@@ -126,31 +131,36 @@ def _entry_count(s, TOPK, WINDOW, RATIO: tl.constexpr):
 @triton.jit
 def _gather_entries(kv_ptr, kvc_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv_rows, p_end,
                     RATIO: tl.constexpr, UPCAST: tl.constexpr):
-    """The ``[TILE_K, 512]`` tile of entry positions ``pos < p_end`` of query (b, s), masked rows zero.
+    """The ``[TILE_K, 512]`` tile of entry positions ``pos`` of query (b, s), those ``>= p_end`` masked.
 
     Returns it with its row mask and each row's destination in the entry-gradient buffer (kv rows,
     then ``kv_rows`` on the compressed rows; -1 when masked). Each row picks its pointer from kv
-    (window positions) or kv_compressed, so a tile may mix both.
+    (window positions) or kv_compressed, so a tile may mix both. A masked row reads the query's
+    own kv row rather than nothing: the loads need no predicate, and the callers mask its logits.
     """
     n_win = tl.minimum(s + 1, WINDOW)
-    in_win = (pos < n_win) & (pos < p_end)
+    valid = pos < p_end
+    in_win = valid & (pos < n_win)
+    in_comp = valid & (pos >= n_win)
     c = pos - n_win
     if RATIO == _CSA:
-        t = tl.load(idx_ptr + (b * S + s).to(tl.int64) * TOPK + c, mask=(c >= 0) & (c < TOPK), other=-1)
-    elif RATIO == 0:
-        t = tl.zeros_like(pos) - 1
+        t = tl.load(idx_ptr + (b * S + s).to(tl.int64) * TOPK + c, mask=in_comp, other=0)
     else:
-        t = tl.where((c >= 0) & (c < (s + 1) // RATIO), c, -1)
-    t = tl.where(pos < p_end, t, -1)
-    kv_row = (b * S + s + 1 - n_win + pos).to(tl.int64)
+        t = c
+    kv_row = (b * S + tl.where(in_win, s + 1 - n_win + pos, s)).to(tl.int64)
     c_row = (b * SC + t).to(tl.int64)
-    valid = in_win | (t >= 0)
-    ptrs = tl.where(in_win[:, None], kv_ptr + kv_row[:, None] * _D, kvc_ptr + c_row[:, None] * _D)
-    e = tl.load(ptrs + tl.arange(0, _D)[None, :], mask=valid[:, None], other=0.0)
+    ptrs = tl.where(in_comp[:, None], kvc_ptr + c_row[:, None] * _D, kv_ptr + kv_row[:, None] * _D)
+    e = tl.load(ptrs + tl.arange(0, _D)[None, :])
     if UPCAST:  # the interpreter's tl.dot multiplies bf16 operands as raw bits (see grouped_gemm._mma)
         e = e.to(tl.float32)
-    dest = tl.where(in_win, kv_row, tl.where(t >= 0, kv_rows + c_row, -1))
+    dest = tl.where(in_win, kv_row, tl.where(in_comp, kv_rows + c_row, -1))
     return e, valid, dest
+
+
+@triton.jit
+def _scratch_tile(scratch, slot, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Pointers of the ``[ROWS, COLS]`` tile ``slot`` of a program's scratch rows (see UNCHAINED)."""
+    return scratch + (tl.arange(0, ROWS) + slot * ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
 
 
 @triton.jit
@@ -164,37 +174,38 @@ def _attend_tile(q, e, valid, m, denom, acc, qk_scale, p_scratch, alpha_scratch,
     that many log2 units, so most tiles skip the ``BLOCK_H x 512`` multiply; until then P stays
     below ``2**RESCALE_SLACK``, which bf16 and the fp32 sums hold exactly as well.
 
-    UNCHAINED (with RESCALE_SLACK 0) hands P and the rescale factor to the second dot through
-    memory: ``[2, BLOCK_H, TILE_K]`` bf16 from ``p_scratch`` and ``[2, BLOCK_H]`` fp32 from
-    ``alpha_scratch``, the half picked by ``parity``, so that a warp still reading one tile's P is
-    not overwritten by a faster warp's next tile (one barrier a tile). Triton lays out a dot whose result feeds another dot with all its warps along M,
-    so at 64 heads on 8 warps both warpgroups compute the whole ``Q E^T``; through memory the two
-    dots are no longer chained, and each warpgroup computes half of the tile's logits.
+    UNCHAINED (RESCALE_SLACK 0 only: its rescale flag would have to take the same way) hands P and
+    the rescale factor to the second dot through memory: ``[2, BLOCK_H, TILE_K]`` bf16 from
+    ``p_scratch`` and ``[2, BLOCK_H]`` fp32 from ``alpha_scratch``, the half picked by ``parity``,
+    so that a faster warp's next tile does not overwrite what a slower warp still reads (one
+    barrier a tile). Triton lays out a dot whose result feeds another dot with all its warps along
+    M, so at 64 heads on 8 warps both warpgroups compute the whole ``Q E^T``; through memory the
+    two dots are no longer chained, and each warpgroup computes half of the tile's logits.
     """
     logits = tl.dot(q, tl.trans(e)) * qk_scale
     logits = tl.where(valid[None, :], logits, float("-inf"))
     m_new = tl.maximum(m, tl.max(logits, axis=1))
     if RESCALE_SLACK > 0:
-        if tl.max(m_new - m, axis=0) > RESCALE_SLACK:
-            alpha = tl.exp2(m - m_new)
-            acc = acc * alpha[:, None]
-            denom = denom * alpha
-            m = m_new
-        p = tl.exp2(logits - m[:, None])
-        denom += tl.sum(p, axis=1)
+        rescale = tl.max(m_new - m, axis=0) > RESCALE_SLACK
+        alpha = tl.where(rescale, tl.exp2(m - m_new), 1.0)
+        m = tl.where(rescale, m_new, m)
     else:
         alpha = tl.exp2(m - m_new)
-        p = tl.exp2(logits - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, axis=1)
         m = m_new
-        if UNCHAINED:
-            rows = parity * q.shape[0] + tl.arange(0, q.shape[0])
-            p_rows = p_scratch + rows[:, None] * e.shape[0] + tl.arange(0, e.shape[0])[None, :]
-            tl.store(p_rows, p.to(tl.bfloat16))
-            tl.store(alpha_scratch + rows, alpha)
-            tl.debug_barrier()
-            p = tl.load(p_rows)
-            alpha = tl.load(alpha_scratch + rows)
+    p = tl.exp2(logits - m[:, None])
+    denom = denom * alpha + tl.sum(p, axis=1)
+    if UNCHAINED:
+        p_tile = _scratch_tile(p_scratch, parity, q.shape[0], e.shape[0])
+        alpha_rows = alpha_scratch + parity * q.shape[0] + tl.arange(0, q.shape[0])
+        tl.store(p_tile, p.to(tl.bfloat16))
+        tl.store(alpha_rows, alpha)
+        tl.debug_barrier()
+        p = tl.load(p_tile)
+        alpha = tl.load(alpha_rows)
+    if RESCALE_SLACK > 0:
+        if rescale:
+            acc = acc * alpha[:, None]
+    else:
         acc = acc * alpha[:, None]
     acc = tl.dot(p.to(tl.bfloat16).to(e.dtype), e, acc)
     return m, denom, acc
@@ -219,7 +230,7 @@ def _sparse_attn_fwd_kernel(
     q_ptr, kv_ptr, kvc_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr,
     S, H, SC, TOPK, WINDOW, qk_scale,
     RATIO: tl.constexpr, BLOCK_H: tl.constexpr, TILE_K: tl.constexpr, TAIL_K: tl.constexpr,
-    RESCALE_SLACK: tl.constexpr, UNCHAINED: tl.constexpr, UPCAST: tl.constexpr,
+    RESCALE_SLACK: tl.constexpr, UNCHAINED: tl.constexpr, TOPK_BLOCK: tl.constexpr, UPCAST: tl.constexpr,
 ):
     s = tl.program_id(0)
     b = tl.program_id(2)
@@ -236,7 +247,7 @@ def _sparse_attn_fwd_kernel(
     # UNCHAINED's scratch: the program's own o rows, written only at the end (see _attend_tile).
     p_scratch = o_ptr + ((b * S + s).to(tl.int64) * H + tl.program_id(1) * BLOCK_H) * _D
     alpha_scratch = (p_scratch + 2 * BLOCK_H * TILE_K).to(tl.pointer_type(tl.float32))
-    n_pos = _entry_count(s, TOPK, WINDOW, RATIO)
+    n_pos = _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO, TOPK_BLOCK)
     # With a TAIL_K tile, the TILE_K tiles stop where at most TAIL_K positions remain, and one
     # TAIL_K tile takes those: a query's last partial tile is then at most TAIL_K wide.
     n_main = tl.maximum(n_pos - TAIL_K, 0) if TAIL_K > 0 else n_pos
@@ -264,7 +275,8 @@ def _sparse_attn_bwd_kernel(
     dq_ptr, dsink_ptr, dkv_ptr, dest_ptr,
     S, H, SC, TOPK, WINDOW, kv_rows, qk_scale, sm_scale, p_begin, p_end,
     RATIO: tl.constexpr, BLOCK_H: tl.constexpr, TILE_K: tl.constexpr, SPLIT: tl.constexpr,
-    FIRST: tl.constexpr, ACC_DQ: tl.constexpr, DE_TRANSPOSED: tl.constexpr, UPCAST: tl.constexpr,
+    FIRST: tl.constexpr, ACC_DQ: tl.constexpr, DE_TRANSPOSED: tl.constexpr, UNCHAINED: tl.constexpr,
+    TOPK_BLOCK: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """dq (+ partial dsink on the FIRST pass) of one (query, head block) over entry positions
     [p_begin, p_end), and the entry gradients of those positions: atomically added to ``dkv_ptr``
@@ -272,6 +284,9 @@ def _sparse_attn_bwd_kernel(
     (one ``[B, S, p_end - p_begin]`` block per head block) with their destination rows in ``dest_ptr``.
     DE_TRANSPOSED computes each tile's entry gradient as its ``[512, TILE_K]`` transpose: the same
     sums, but as dots whose M is 512 rather than TILE_K, which sm_90 runs as wgmma (M >= 64).
+    UNCHAINED hands dS, scaled dS and P to the dots that use them through the program's rows of dq
+    (bf16, one pass only; written at the end), as the forward does: otherwise both warpgroups
+    compute all of ``Q E^T`` and ``dO E^T`` at 64 heads on 8 warps.
     """
     s = tl.program_id(0)
     hb = tl.program_id(1)
@@ -297,16 +312,29 @@ def _sparse_attn_bwd_kernel(
     cols = tl.arange(0, _D)[None, :]
     cols_t = tl.arange(0, _D)[:, None]
     dq = tl.zeros([BLOCK_H, _D], dtype=tl.float32)
-    n_pos = tl.minimum(p_end, _entry_count(s, TOPK, WINDOW, RATIO))
+    scratch = dq_ptr + ((b * S + s).to(tl.int64) * H + hb * BLOCK_H) * _D  # UNCHAINED's, two halves of 3 tiles
+    n_pos = tl.minimum(p_end, _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO, TOPK_BLOCK))
     for p0 in range(p_begin, n_pos, TILE_K):
         pos = p0 + tl.arange(0, TILE_K)
         e, valid, dest = _gather_entries(kv_ptr, kvc_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv_rows,
                                          n_pos, RATIO, UPCAST)
         p = tl.where(valid[None, :], tl.exp2(tl.dot(q, tl.trans(e)) * qk_scale - lse2[:, None]), 0.0)
         ds = p * (tl.dot(do, tl.trans(e)) - delta[:, None])
-        dq = tl.dot(ds.to(tl.bfloat16).to(e.dtype), e, dq)
-        ds_b = (ds * sm_scale).to(tl.bfloat16).to(e.dtype)
-        p_b = p.to(tl.bfloat16).to(e.dtype)
+        ds_q = ds.to(tl.bfloat16)
+        ds_b = (ds * sm_scale).to(tl.bfloat16)
+        p_b = p.to(tl.bfloat16)
+        if UNCHAINED:
+            half = 3 * (((p0 - p_begin) // TILE_K) % 2)
+            tl.store(_scratch_tile(scratch, half, BLOCK_H, TILE_K), ds_q)
+            tl.store(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K), ds_b)
+            tl.store(_scratch_tile(scratch, half + 2, BLOCK_H, TILE_K), p_b)
+            tl.debug_barrier()
+            ds_q = tl.load(_scratch_tile(scratch, half, BLOCK_H, TILE_K))
+            ds_b = tl.load(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K))
+            p_b = tl.load(_scratch_tile(scratch, half + 2, BLOCK_H, TILE_K))
+        dq = tl.dot(ds_q.to(e.dtype), e, dq)
+        ds_b = ds_b.to(e.dtype)
+        p_b = p_b.to(e.dtype)
         slots = slot_base + pos
         in_chunk = pos < p_end
         if DE_TRANSPOSED:
@@ -327,6 +355,8 @@ def _sparse_attn_bwd_kernel(
         if SPLIT and hb == 0:
             tl.store(dest_ptr + slots, dest.to(tl.int32), mask=in_chunk)
     dq = dq * sm_scale
+    if UNCHAINED:
+        tl.debug_barrier()  # every warp has read its last tiles before dq overwrites the scratch
     if ACC_DQ:
         dq += tl.load(dq_ptr + offsets, mask=h_mask[:, None], other=0.0)
     tl.store(dq_ptr + offsets, dq.to(dq_ptr.dtype.element_ty), mask=h_mask[:, None])
@@ -373,6 +403,12 @@ def _geometry(q: Tensor, kvc: Tensor | None, indices: Tensor | None) -> tuple[in
     return batch, seq, heads, 0 if kvc is None else kvc.shape[1], 0 if indices is None else indices.shape[2]
 
 
+def _check_unchained(config: Config, heads: int) -> None:
+    if config.get("UNCHAINED") and heads % config["BLOCK_H"]:
+        raise ValueError(f"UNCHAINED needs BLOCK_H ({config['BLOCK_H']}) to divide the heads ({heads}): "
+                         "each program keeps its scratch in its own rows of the output")
+
+
 def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, sink: Tensor, ratio: int,
              window: int, config: Config, compile_only: bool = False) -> tuple[Tensor, Tensor]:
     """``(o [B, S, H, 512] bf16, lse [B, S, H] fp32)`` of contiguous inputs."""
@@ -380,16 +416,15 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
     o = torch.empty_like(q)
     lse = torch.empty(batch, seq, heads, dtype=torch.float32, device=q.device)
     unchained = bool(config.get("UNCHAINED"))
-    if unchained and heads % config["BLOCK_H"]:
-        raise ValueError(f"UNCHAINED needs BLOCK_H ({config['BLOCK_H']}) to divide the heads ({heads}): "
-                         "each program keeps its scratch in its own rows of o")
+    _check_unchained(config, heads)
     launch(
         _sparse_attn_fwd_kernel,
         (seq, triton.cdiv(heads, config["BLOCK_H"]), batch),
         (q, kv, kv if kvc is None else kvc, kv if indices is None else indices, sink, o, lse,
          seq, heads, n_comp, topk, window, SOFTMAX_SCALE * _LOG2E),
         {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "TAIL_K": config.get("TAIL_K", 0),
-         "RESCALE_SLACK": config.get("RESCALE_SLACK", 0), "UNCHAINED": unchained, "UPCAST": _interpreted()},
+         "RESCALE_SLACK": config.get("RESCALE_SLACK", 0), "UNCHAINED": unchained,
+         "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "UPCAST": _interpreted()},
         config,
         compile_only,
     )
@@ -409,6 +444,11 @@ def _backward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None,
     positions = _max_entries(ratio, seq, topk, window)
     chunk = max(1, min(config["R_CHUNK"] or positions, positions) if split else positions)
     passes = range(0, positions, chunk)
+    unchained = bool(config.get("UNCHAINED"))
+    _check_unchained(config, heads)
+    if unchained and len(passes) > 1:
+        raise ValueError(f"UNCHAINED needs one pass (R_CHUNK 0), got R_CHUNK {config['R_CHUNK']} over {positions} "
+                         "positions: each program keeps its scratch in its own bf16 rows of dq")
     dsink = torch.empty(batch, seq, heads, dtype=torch.float32, device=q.device)
     dq = torch.empty(q.shape, dtype=torch.float32 if len(passes) > 1 else q.dtype, device=q.device)
     grads = (torch.empty if split else torch.zeros)(rows, LATENT_DIM, dtype=torch.float32, device=q.device)
@@ -427,7 +467,7 @@ def _backward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None,
              p_begin, p_begin + chunk),
             {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "SPLIT": split,
              "FIRST": p_begin == 0, "ACC_DQ": p_begin > 0, "DE_TRANSPOSED": bool(config.get("DE_TRANSPOSED")),
-             "UPCAST": _interpreted()},
+             "UNCHAINED": unchained, "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "UPCAST": _interpreted()},
             config,
             compile_only,
         )
@@ -466,7 +506,7 @@ def _reference_entries(ratio: int, seq: int, window: int, n_comp: int, indices: 
     """Per query, the rows of ``cat([kv, kv_compressed])`` it attends and which are real: ``[B|1, S, P]``.
 
     Straight from the definitions: window offsets 0..window-1 back from s, then every compressed
-    entry with its causal test (HCA) or the indexer's picks (CSA).
+    entry with its causal test (HCA) or the indexer's picks up to the first -1 (CSA).
     """
     s = torch.arange(seq, device=device)[:, None]
     back = s - torch.arange(window, device=device)[None, :]
@@ -478,7 +518,8 @@ def _reference_entries(ratio: int, seq: int, window: int, n_comp: int, indices: 
     rows_t, valid_t = torch.cat(rows, 1)[None], torch.cat(valid, 1)[None]
     if ratio == CSA_RATIO:
         rows_t = torch.cat([rows_t.expand(indices.shape[0], -1, -1), seq + indices.long().clamp(min=0)], 2)
-        valid_t = torch.cat([valid_t.expand(indices.shape[0], -1, -1), indices >= 0], 2)
+        picks = (indices >= 0).cumprod(2).bool()  # a query's picks end at its first -1
+        valid_t = torch.cat([valid_t.expand(indices.shape[0], -1, -1), picks], 2)
     return rows_t, valid_t
 
 
@@ -766,7 +807,7 @@ def _default_bwd_config(shape: Shape) -> Config:
     """32 heads and 16 entries a program on eight warps (255 registers, no spills on sm_90), atomics."""
     block_h = 32 if shape["heads"] > 16 else 16
     return {"BLOCK_H": block_h, "TILE_K": 16, "num_warps": 8 if block_h == 32 else 4, "num_stages": 1,
-            "DKV_MODE": "atomic", "R_CHUNK": 0, "DE_TRANSPOSED": 0}
+            "DKV_MODE": "atomic", "R_CHUNK": 0, "DE_TRANSPOSED": 0, "UNCHAINED": 0}
 
 
 _SHAPE_FIELDS = ("batch", "seq", "heads", "ratio", "topk", "window")

@@ -87,6 +87,16 @@ def test_window_cuts_entries_off():
     _close(o, weight[..., None] * p["kv"].float()[:, :, None])
 
 
+def _assert_forward_matches(q: torch.Tensor, p: dict, ratio: int, window: int, config: dict) -> None:
+    """The forward of ``config`` gives the reference's o and LSE on problem ``p`` with queries ``q``."""
+    o, lse = sparse_attention._forward(q, p["kv"], p.get("kv_compressed"), p.get("indices"), p["sink"], ratio, window,
+                                       config)
+    o_ref, lse_ref = sparse_attention._reference(q, p["kv"], p["sink"], ratio, p.get("kv_compressed"),
+                                                 p.get("indices"), window)
+    _close(o, o_ref)
+    torch.testing.assert_close(lse, lse_ref, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("slack", [0, 1, 8])
 @pytest.mark.parametrize(("ratio", "topk", "window"), [(0, 0, 40), (sparse_attention.CSA_RATIO, 20, 24)],
                          ids=["window", "csa"])
@@ -96,12 +106,7 @@ def test_lazy_rescaling_matches_eager(slack, ratio, topk, window):
     p = _problem(2, 120, 3, ratio, topk, window, seed=11)
     q = (p["q"].float() * 12).to(torch.bfloat16)
     config = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "RESCALE_SLACK": slack}
-    o, lse = sparse_attention._forward(q, p["kv"], p.get("kv_compressed"), p.get("indices"), p["sink"], ratio, window,
-                                       config)
-    o_ref, lse_ref = sparse_attention._reference(q, p["kv"], p["sink"], ratio, p.get("kv_compressed"),
-                                                 p.get("indices"), window)
-    _close(o, o_ref)
-    torch.testing.assert_close(lse, lse_ref, rtol=1e-4, atol=1e-3)
+    _assert_forward_matches(q, p, ratio, window, config)
 
 
 @pytest.mark.parametrize(("seq", "ratio", "topk", "window"),
@@ -113,30 +118,49 @@ def test_tail_tile_matches_eager(seq, ratio, topk, window):
     tail, which holds compressed entries there."""
     p = _problem(2, seq, 3, ratio, topk, window, seed=13)
     config = {"BLOCK_H": 16, "TILE_K": 32, "TAIL_K": 16, "num_warps": 4, "num_stages": 1}
-    o, lse = sparse_attention._forward(p["q"], p["kv"], p.get("kv_compressed"), p.get("indices"), p["sink"], ratio,
-                                       window, config)
-    o_ref, lse_ref = sparse_attention._reference(p["q"], p["kv"], p["sink"], ratio, p.get("kv_compressed"),
-                                                 p.get("indices"), window)
-    _close(o, o_ref)
-    torch.testing.assert_close(lse, lse_ref, rtol=1e-4, atol=1e-3)
+    _assert_forward_matches(p["q"], p, ratio, window, config)
 
 
 @pytest.mark.parametrize(("seq", "ratio", "topk", "window", "tail"),
-                         [(120, 0, 0, 40, 0), (120, sparse_attention.CSA_RATIO, 20, 24, 8),
+                         [(120, 0, 0, 40, 0), (120, sparse_attention.CSA_RATIO, 20, 24, 16),
                           (300, sparse_attention.HCA_RATIO, 0, 40, 0)], ids=["window", "csa-tail", "hca"])
 def test_unchained_tiles_match_eager(seq, ratio, topk, window, tail):
     """P and the rescale factor through the scratch in o's rows: up to four 16-entry tiles (both
     scratch halves, each reused), two head blocks, B = 2, logits spread over tens of log2 units so
-    that the rescale factor matters, and on CSA a tail tile shorter than the scratch rows."""
+    that the rescale factor matters, and on CSA 32-entry tiles with a 16-entry tail, which reads
+    its P with a shorter row stride."""
     p = _problem(2, seq, 32, ratio, topk, window, seed=17)
     q = (p["q"].float() * 12).to(torch.bfloat16)
-    config = {"BLOCK_H": 16, "TILE_K": 16, "TAIL_K": tail, "num_warps": 4, "num_stages": 1, "UNCHAINED": 1}
-    o, lse = sparse_attention._forward(q, p["kv"], p.get("kv_compressed"), p.get("indices"), p["sink"], ratio, window,
-                                       config)
-    o_ref, lse_ref = sparse_attention._reference(q, p["kv"], p["sink"], ratio, p.get("kv_compressed"),
-                                                 p.get("indices"), window)
-    _close(o, o_ref)
-    torch.testing.assert_close(lse, lse_ref, rtol=1e-4, atol=1e-3)
+    config = {"BLOCK_H": 16, "TILE_K": 32 if tail else 16, "TAIL_K": tail, "num_warps": 4, "num_stages": 1,
+              "UNCHAINED": 1}
+    _assert_forward_matches(q, p, ratio, window, config)
+
+
+@pytest.mark.parametrize(("ratio", "topk", "window"), [(0, 0, 24), (sparse_attention.CSA_RATIO, 20, 24)],
+                         ids=["window", "csa"])
+def test_unchained_backward_matches_eager(ratio, topk, window):
+    """dS, scaled dS and P through the scratch in dq's rows, over both scratch halves (up to three
+    16-entry tiles), as is and transposed, with atomics and with the split reduction."""
+    kernel = registry.get("sparse_attn_bwd")
+    inputs = kernel.make_inputs({"batch": 2, "seq": 70, "heads": 32, "ratio": ratio, "topk": topk,
+                                 "window": window}, DEVICE, seed=19)
+    for transposed, mode in ((0, "atomic"), (1, "split")):
+        config = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "DKV_MODE": mode, "R_CHUNK": 0,
+                  "DE_TRANSPOSED": transposed, "UNCHAINED": 1}
+        for out, ref in zip(kernel.run(inputs, config), kernel.reference(inputs)):
+            _close(out, ref)
+
+
+def test_csa_picks_end_at_the_first_padding():
+    """A -1 among a query's picks ends them: the kernels and the reference skip the picks after it."""
+    full = _problem(1, 96, 16, sparse_attention.CSA_RATIO, 20, 24, seed=23)
+    cut = {**full, "indices": full["indices"].clone()}
+    cut["indices"][0, 60:, 3] = -1  # queries 60+ have 15+ picks; the ones after slot 3 are dropped
+    config = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "UNCHAINED": 0}
+    _assert_forward_matches(cut["q"], cut, 4, 24, config)
+    o_cut, o_full = (sparse_attention._reference(p["q"], p["kv"], p["sink"], 4, p["kv_compressed"], p["indices"], 24)[0]
+                     for p in (cut, full))
+    assert (o_cut[0, 60:] - o_full[0, 60:]).abs().amax() > 1e-2  # the dropped picks count when kept
 
 
 def test_unchained_needs_whole_head_blocks():
@@ -144,6 +168,11 @@ def test_unchained_needs_whole_head_blocks():
     config = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "UNCHAINED": 1}
     with pytest.raises(ValueError, match="UNCHAINED needs BLOCK_H"):
         sparse_attention._forward(p["q"], p["kv"], None, None, p["sink"], 0, 16, config)
+    p = _problem(1, 40, 16, 0, 0, 16, seed=1)
+    o, lse = sparse_attention._forward(p["q"], p["kv"], None, None, p["sink"], 0, 16, config)
+    config = {**config, "DKV_MODE": "split", "R_CHUNK": 8, "DE_TRANSPOSED": 0}
+    with pytest.raises(ValueError, match="UNCHAINED needs one pass"):
+        sparse_attention._backward(p["q"], p["kv"], None, None, p["sink"], o, lse, torch.ones_like(o), 0, 16, config)
 
 
 # (The small presets' defaults, 16 or 32 heads and entries a tile, run in the parity tests above.)
@@ -153,11 +182,11 @@ FWD_CONFIGS = [
 # The split mode as is runs in test_split_mode_in_passes_matches; each mode runs once transposed here.
 BWD_CONFIGS = [
     {"BLOCK_H": 32, "TILE_K": 32, "num_warps": 8, "num_stages": 2, "DKV_MODE": "atomic", "R_CHUNK": 0,
-     "DE_TRANSPOSED": 0},
+     "DE_TRANSPOSED": 0, "UNCHAINED": 0},
     {"BLOCK_H": 16, "TILE_K": 32, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split", "R_CHUNK": 0,
-     "DE_TRANSPOSED": 1},
+     "DE_TRANSPOSED": 1, "UNCHAINED": 0},
     {"BLOCK_H": 16, "TILE_K": 32, "num_warps": 4, "num_stages": 1, "DKV_MODE": "atomic", "R_CHUNK": 0,
-     "DE_TRANSPOSED": 1},
+     "DE_TRANSPOSED": 1, "UNCHAINED": 0},
 ]
 
 
@@ -254,7 +283,8 @@ def test_space_prunes_what_sm_90_cannot_hold():
     assert "UNCHAINED" in fwd.violation({**fits, "UNCHAINED": 1, "BLOCK_H": 16}, {**shape, "heads": 20}, "sm_90")
     assert "max_regs_per_thread" in fwd.violation({**fits, "num_warps": 4}, shape, "sm_90")
     assert "TAIL_K < TILE_K" in fwd.violation({**fits, "TAIL_K": 32}, shape, "sm_90")
-    split = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split", "DE_TRANSPOSED": 0}
+    split = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split", "DE_TRANSPOSED": 0,
+             "UNCHAINED": 0}
     assert bwd.violation({**split, "R_CHUNK": 256}, shape, "sm_90") is None
     assert bwd.violation({**split, "DKV_MODE": "atomic", "R_CHUNK": 256}, shape, "sm_90")  # atomics: one pass
     assert bwd.violation({**split, "R_CHUNK": 512}, shape, "sm_90") is None  # 640 positions
