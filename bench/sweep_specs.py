@@ -171,21 +171,28 @@ ATTENTION_BWD_8192_SPACE = ATTENTION_BWD_TRANSPOSED_SPACE | {"num_stages": [2]}
 
 # The backward with dS and P through memory (UNCHAINED, 2026-12-03) beside the chained form, in the
 # one tiling whose first dots are warpgroup MMAs at 8 warps (64 heads x 16 entries, transposed; two
-# stages), atomics and the split reduction, at all twelve shapes; beside each shape's committed entry
-# (a one-point grid), which the export must be able to keep.
+# stages), atomics and the split reduction, at all twelve shapes, beside each shape's committed entry.
 ATTENTION_BWD_UNCHAINED_SPACE = {"BLOCK_H": [64], "TILE_K": [16], "DE_TRANSPOSED": [1], "num_warps": [8],
                                  "num_stages": [2], "DKV_MODE": ["atomic", "split"], "R_CHUNK": [0],
                                  "UNCHAINED": [0, 1], "maxnreg": [None]}
 
 
-def attention_bwd_unchained_specs() -> list[tuple[str, dict]]:
+def attention_bwd_grid_with_committed_specs(name: str, space: dict) -> list[tuple[str, dict]]:
+    """At each of the twelve shapes, the grid of ``space`` beside the shape's committed entry (a
+    one-point grid), which the export must be able to keep."""
     specs = []
     for shape in shapes_of("sparse_attn_bwd"):
-        name = f"sparse_attn_bwd-unchained-{shape['seq']}-{shape['heads']}-{shape['ratio']}"
-        committed = committed_config("sparse_attn_bwd", shape) | {"UNCHAINED": 0}
-        specs += [(f"{name}-committed", grid_spec("sparse_attn_bwd", [shape], {p: [v] for p, v in committed.items()})),
-                  (f"{name}-grid", grid_spec("sparse_attn_bwd", [shape], ATTENTION_BWD_UNCHAINED_SPACE))]
+        prefix = f"sparse_attn_bwd-{name}-{shape['seq']}-{shape['heads']}-{shape['ratio']}"
+        committed = {"UNCHAINED": 0} | committed_config("sparse_attn_bwd", shape)
+        specs += [(f"{prefix}-committed", grid_spec("sparse_attn_bwd", [shape], {p: [v] for p, v in committed.items()})),
+                  (f"{prefix}-grid", grid_spec("sparse_attn_bwd", [shape], space))]
     return specs
+
+
+# That sweep's winner at every shape was 64 x 16, transposed, atomics, UNCHAINED. Unchained, 32-entry
+# tiles fit the register bound (offline sm_90: 472 bytes spilled) and re-read Q and dO half as often
+# per entry: both reductions beside the committed entry.
+ATTENTION_BWD_UNCHAINED_32_SPACE = ATTENTION_BWD_UNCHAINED_SPACE | {"TILE_K": [32], "UNCHAINED": [1]}
 
 
 # The indexer's scoring with the key range as a grid axis (KEY_TILES) against the one-axis grid,
@@ -473,7 +480,10 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "attention-fwd-hca": attention_fwd_hca_specs,
     "attention-fwd-tail": attention_fwd_tail_specs,
     "attention-fwd-unchained": attention_fwd_unchained_specs,
-    "attention-bwd-unchained": attention_bwd_unchained_specs,
+    "attention-bwd-unchained": lambda: attention_bwd_grid_with_committed_specs("unchained",
+                                                                            ATTENTION_BWD_UNCHAINED_SPACE),
+    "attention-bwd-unchained-32": lambda: attention_bwd_grid_with_committed_specs("unchained-32",
+                                                                               ATTENTION_BWD_UNCHAINED_32_SPACE),
     "compressor": compressor_specs,
     "router-argmax": router_argmax_specs,
     "search-efficiency": search_efficiency_specs,
