@@ -126,10 +126,11 @@ def test_tail_tile_matches_eager(seq, ratio, topk, window):
                           (300, sparse_attention.HCA_RATIO, 0, 40, 0)], ids=["window", "csa-tail", "hca"])
 def test_unchained_tiles_match_eager(seq, ratio, topk, window, tail):
     """P and the rescale factor through the scratch in o's rows: up to four 16-entry tiles (both
-    scratch halves, each reused), two head blocks, B = 2, logits spread over tens of log2 units so
-    that the rescale factor matters, and on CSA 32-entry tiles with a 16-entry tail, which reads
-    its P with a shorter row stride."""
-    p = _problem(2, seq, 32, ratio, topk, window, seed=17)
+    scratch halves, each reused), two head blocks and B = 2 (HCA, whose sequence is longer: one of
+    each), logits spread over tens of log2 units so that the rescale factor matters, and on CSA
+    32-entry tiles with a 16-entry tail, which reads its P with a shorter row stride."""
+    p = _problem(1 if ratio == sparse_attention.HCA_RATIO else 2, seq, 16 if ratio == sparse_attention.HCA_RATIO else 32,
+                 ratio, topk, window, seed=17)
     q = (p["q"].float() * 12).to(torch.bfloat16)
     config = {"BLOCK_H": 16, "TILE_K": 32 if tail else 16, "TAIL_K": tail, "num_warps": 4, "num_stages": 1,
               "UNCHAINED": 1}
