@@ -333,10 +333,16 @@ ATTENTION_FWD_UNCHAINED_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "TAIL_K": 
                                  "num_stages": [1, 2], "RESCALE_SLACK": [0], "UNCHAINED": [0, 1], "maxnreg": [None]}
 
 
-def attention_fwd_unchained_specs() -> list[tuple[str, dict]]:
-    return [(f"sparse_attn_fwd-unchained-grid-{seq}",
-             grid_spec("sparse_attn_fwd", shapes_of("sparse_attn_fwd", seq), ATTENTION_FWD_UNCHAINED_SPACE))
+def attention_fwd_unchained_specs(name: str = "unchained", space: dict = ATTENTION_FWD_UNCHAINED_SPACE
+                                  ) -> list[tuple[str, dict]]:
+    return [(f"sparse_attn_fwd-{name}-grid-{seq}", grid_spec("sparse_attn_fwd", shapes_of("sparse_attn_fwd", seq), space))
             for seq in (4096, 8192)]
+
+
+# UNCHAINED's hand-off behind an inline PTX barrier, which the pipeliner does not stop at: two
+# stages now pipeline its gathers. The call-2 grid's unchained two-stage tilings beside the chained
+# tilings that won there, at all twelve shapes.
+ATTENTION_FWD_PIPELINED_SPACE = ATTENTION_FWD_UNCHAINED_SPACE | {"num_stages": [2]}
 
 
 def attention_fwd_tail_specs() -> list[tuple[str, dict]]:
@@ -480,6 +486,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "attention-fwd-hca": attention_fwd_hca_specs,
     "attention-fwd-tail": attention_fwd_tail_specs,
     "attention-fwd-unchained": attention_fwd_unchained_specs,
+    "attention-fwd-pipelined": lambda: attention_fwd_unchained_specs("pipelined", ATTENTION_FWD_PIPELINED_SPACE),
     "attention-bwd-unchained": lambda: attention_bwd_grid_with_committed_specs("unchained",
                                                                             ATTENTION_BWD_UNCHAINED_SPACE),
     "attention-bwd-unchained-32": lambda: attention_bwd_grid_with_committed_specs("unchained-32",

@@ -158,6 +158,24 @@ def _gather_entries(kv_ptr, kvc_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv
 
 
 @triton.jit
+def _cta_barrier(token, PTX: tl.constexpr):
+    """Wait for every warp of the program; returns an int32 0 whose value depends on the wait.
+
+    With PTX (CUDA, compiled) the wait is ``bar.sync`` as inline assembly: Triton 3.6 does not
+    software-pipeline a loop that holds a ``tl.debug_barrier``, but pipelines around this. The
+    caller adds the 0 to the addresses it reads after the wait, and reads them ``volatile``, so
+    that neither the compiler nor the pipeliner moves those reads ahead of it. ``token`` (any
+    scalar) only gives the assembly an operand.
+    """
+    if PTX:
+        return tl.inline_asm_elementwise("bar.sync 0;\n\tmov.u32 $0, 0;", "=r,r", [token], dtype=tl.int32,
+                                         is_pure=False, pack=1)
+    else:
+        tl.debug_barrier()
+        return 0
+
+
+@triton.jit
 def _scratch_tile(scratch, slot, ROWS: tl.constexpr, COLS: tl.constexpr):
     """Pointers of the ``[ROWS, COLS]`` tile ``slot`` of a program's scratch rows (see UNCHAINED)."""
     return scratch + (tl.arange(0, ROWS) + slot * ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
@@ -165,7 +183,7 @@ def _scratch_tile(scratch, slot, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 @triton.jit
 def _attend_tile(q, e, valid, m, denom, acc, qk_scale, p_scratch, alpha_scratch, parity,
-                 RESCALE_SLACK: tl.constexpr, UNCHAINED: tl.constexpr):
+                 RESCALE_SLACK: tl.constexpr, UNCHAINED: tl.constexpr, PTX_BARRIER: tl.constexpr):
     """One entry tile ``e`` (rows ``valid``) of the forward's online softmax: the new log2-domain
     running max, denominator and ``[BLOCK_H, 512]`` fp32 accumulator of the block's heads.
 
@@ -199,9 +217,9 @@ def _attend_tile(q, e, valid, m, denom, acc, qk_scale, p_scratch, alpha_scratch,
         alpha_rows = alpha_scratch + parity * q.shape[0] + tl.arange(0, q.shape[0])
         tl.store(p_tile, p.to(tl.bfloat16))
         tl.store(alpha_rows, alpha)
-        tl.debug_barrier()
-        p = tl.load(p_tile)
-        alpha = tl.load(alpha_rows)
+        zero = _cta_barrier(parity, PTX_BARRIER)
+        p = tl.load(p_tile + zero, volatile=True)
+        alpha = tl.load(alpha_rows + zero, volatile=True)
     if RESCALE_SLACK > 0:
         if rescale:
             acc = acc * alpha[:, None]
@@ -230,7 +248,8 @@ def _sparse_attn_fwd_kernel(
     q_ptr, kv_ptr, kvc_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr,
     S, H, SC, TOPK, WINDOW, qk_scale,
     RATIO: tl.constexpr, BLOCK_H: tl.constexpr, TILE_K: tl.constexpr, TAIL_K: tl.constexpr,
-    RESCALE_SLACK: tl.constexpr, UNCHAINED: tl.constexpr, TOPK_BLOCK: tl.constexpr, UPCAST: tl.constexpr,
+    RESCALE_SLACK: tl.constexpr, UNCHAINED: tl.constexpr, PTX_BARRIER: tl.constexpr, TOPK_BLOCK: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     s = tl.program_id(0)
     b = tl.program_id(2)
@@ -255,14 +274,14 @@ def _sparse_attn_fwd_kernel(
         e, valid, _ = _gather_entries(kv_ptr, kvc_ptr, idx_ptr, p0 + tl.arange(0, TILE_K), s, b, S, SC, TOPK,
                                       WINDOW, 0, n_pos, RATIO, UPCAST)
         m, denom, acc = _attend_tile(q, e, valid, m, denom, acc, qk_scale, p_scratch, alpha_scratch,
-                                     (p0 // TILE_K) % 2, RESCALE_SLACK, UNCHAINED)
+                                     (p0 // TILE_K) % 2, RESCALE_SLACK, UNCHAINED, PTX_BARRIER)
     if TAIL_K > 0:
         tail = tl.cdiv(n_main, TILE_K) * TILE_K
         if tail < n_pos:
             e, valid, _ = _gather_entries(kv_ptr, kvc_ptr, idx_ptr, tail + tl.arange(0, TAIL_K), s, b, S, SC, TOPK,
                                           WINDOW, 0, n_pos, RATIO, UPCAST)
             m, denom, acc = _attend_tile(q, e, valid, m, denom, acc, qk_scale, p_scratch, alpha_scratch,
-                                         (tail // TILE_K) % 2, RESCALE_SLACK, UNCHAINED)
+                                         (tail // TILE_K) % 2, RESCALE_SLACK, UNCHAINED, PTX_BARRIER)
     if UNCHAINED:
         tl.debug_barrier()  # every warp has read its last P before o overwrites the scratch
     tl.store(o_ptr + offsets, (acc / denom[:, None]).to(o_ptr.dtype.element_ty), mask=h_mask[:, None])
@@ -276,6 +295,7 @@ def _sparse_attn_bwd_kernel(
     S, H, SC, TOPK, WINDOW, kv_rows, qk_scale, sm_scale, p_begin, p_end,
     RATIO: tl.constexpr, BLOCK_H: tl.constexpr, TILE_K: tl.constexpr, SPLIT: tl.constexpr,
     FIRST: tl.constexpr, ACC_DQ: tl.constexpr, DE_TRANSPOSED: tl.constexpr, UNCHAINED: tl.constexpr,
+    PTX_BARRIER: tl.constexpr,
     TOPK_BLOCK: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """dq (+ partial dsink on the FIRST pass) of one (query, head block) over entry positions
@@ -328,10 +348,10 @@ def _sparse_attn_bwd_kernel(
             tl.store(_scratch_tile(scratch, half, BLOCK_H, TILE_K), ds_q)
             tl.store(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K), ds_b)
             tl.store(_scratch_tile(scratch, half + 2, BLOCK_H, TILE_K), p_b)
-            tl.debug_barrier()
-            ds_q = tl.load(_scratch_tile(scratch, half, BLOCK_H, TILE_K))
-            ds_b = tl.load(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K))
-            p_b = tl.load(_scratch_tile(scratch, half + 2, BLOCK_H, TILE_K))
+            zero = _cta_barrier(half, PTX_BARRIER)
+            ds_q = tl.load(_scratch_tile(scratch, half, BLOCK_H, TILE_K) + zero, volatile=True)
+            ds_b = tl.load(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K) + zero, volatile=True)
+            p_b = tl.load(_scratch_tile(scratch, half + 2, BLOCK_H, TILE_K) + zero, volatile=True)
         dq = tl.dot(ds_q.to(e.dtype), e, dq)
         ds_b = ds_b.to(e.dtype)
         p_b = p_b.to(e.dtype)
@@ -393,6 +413,11 @@ def _interpreted() -> bool:
     return current_arch() == INTERPRETER_ARCH
 
 
+def _ptx_barrier() -> bool:
+    """Whether ``_cta_barrier`` may be inline PTX: compiled for CUDA (not the interpreter, not HIP)."""
+    return not _interpreted() and torch.version.hip is None
+
+
 def _max_entries(ratio: int, seq: int, topk: int, window: int) -> int:
     """Most entry positions any query has."""
     return min(seq, window) + (0 if ratio == 0 else topk if ratio == CSA_RATIO else seq // ratio)
@@ -423,7 +448,7 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
         (q, kv, kv if kvc is None else kvc, kv if indices is None else indices, sink, o, lse,
          seq, heads, n_comp, topk, window, SOFTMAX_SCALE * _LOG2E),
         {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "TAIL_K": config.get("TAIL_K", 0),
-         "RESCALE_SLACK": config.get("RESCALE_SLACK", 0), "UNCHAINED": unchained,
+         "RESCALE_SLACK": config.get("RESCALE_SLACK", 0), "UNCHAINED": unchained, "PTX_BARRIER": _ptx_barrier(),
          "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "UPCAST": _interpreted()},
         config,
         compile_only,
@@ -467,7 +492,7 @@ def _backward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None,
              p_begin, p_begin + chunk),
             {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "SPLIT": split,
              "FIRST": p_begin == 0, "ACC_DQ": p_begin > 0, "DE_TRANSPOSED": bool(config.get("DE_TRANSPOSED")),
-             "UNCHAINED": unchained, "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "UPCAST": _interpreted()},
+             "UNCHAINED": unchained, "PTX_BARRIER": _ptx_barrier(), "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "UPCAST": _interpreted()},
             config,
             compile_only,
         )
