@@ -154,7 +154,7 @@ def glue_4096_specs() -> list[tuple[str, dict]]:
 # blocks fit): a grid against the form it replaces, atomics, one pass, at the six sequence-4,096 shapes.
 ATTENTION_BWD_TRANSPOSED_SPACE = {"BLOCK_H": [32, 64], "TILE_K": [16, 32], "DE_TRANSPOSED": [0, 1],
                                   "num_warps": [8], "num_stages": [1, 2], "DKV_MODE": ["atomic"], "R_CHUNK": [0],
-                                  "UNCHAINED": [0], "maxnreg": [None]}
+                                  "UNCHAINED": [0], "PTX_BARRIER": [0], "maxnreg": [None]}
 
 
 def attention_bwd_transposed_specs(seq: int = 4096, space: dict = ATTENTION_BWD_TRANSPOSED_SPACE
@@ -174,7 +174,7 @@ ATTENTION_BWD_8192_SPACE = ATTENTION_BWD_TRANSPOSED_SPACE | {"num_stages": [2]}
 # stages), atomics and the split reduction, at all twelve shapes, beside each shape's committed entry.
 ATTENTION_BWD_UNCHAINED_SPACE = {"BLOCK_H": [64], "TILE_K": [16], "DE_TRANSPOSED": [1], "num_warps": [8],
                                  "num_stages": [2], "DKV_MODE": ["atomic", "split"], "R_CHUNK": [0],
-                                 "UNCHAINED": [0, 1], "maxnreg": [None]}
+                                 "UNCHAINED": [0, 1], "PTX_BARRIER": [0], "maxnreg": [None]}
 
 
 def attention_bwd_grid_with_committed_specs(name: str, space: dict) -> list[tuple[str, dict]]:
@@ -183,16 +183,19 @@ def attention_bwd_grid_with_committed_specs(name: str, space: dict) -> list[tupl
     specs = []
     for shape in shapes_of("sparse_attn_bwd"):
         prefix = f"sparse_attn_bwd-{name}-{shape['seq']}-{shape['heads']}-{shape['ratio']}"
-        committed = {"UNCHAINED": 0} | committed_config("sparse_attn_bwd", shape)
-        specs += [(f"{prefix}-committed", grid_spec("sparse_attn_bwd", [shape], {p: [v] for p, v in committed.items()})),
+        committed = {"UNCHAINED": 0, "PTX_BARRIER": 0} | committed_config("sparse_attn_bwd", shape)
+        one_point = {p: [v] for p, v in committed.items()}
+        specs += [(f"{prefix}-committed", grid_spec("sparse_attn_bwd", [shape], one_point)),
                   (f"{prefix}-grid", grid_spec("sparse_attn_bwd", [shape], space))]
     return specs
 
 
 # That sweep's winner at every shape was 64 x 16, transposed, atomics, UNCHAINED. Unchained, 32-entry
 # tiles fit the register bound (offline sm_90: 472 bytes spilled) and re-read Q and dO half as often
-# per entry: both reductions beside the committed entry.
-ATTENTION_BWD_UNCHAINED_32_SPACE = ATTENTION_BWD_UNCHAINED_SPACE | {"TILE_K": [32], "UNCHAINED": [1]}
+# per entry: 16- and 32-entry tiles with atomics (the split reduction lost at every shape), each
+# with and without the PTX barrier that lets the gathers pipeline, beside the committed entry.
+ATTENTION_BWD_UNCHAINED_32_SPACE = ATTENTION_BWD_UNCHAINED_SPACE | {"TILE_K": [16, 32], "DKV_MODE": ["atomic"],
+                                                                   "UNCHAINED": [1], "PTX_BARRIER": [0, 1]}
 
 
 # The indexer's scoring with the key range as a grid axis (KEY_TILES) against the one-axis grid,
@@ -292,7 +295,8 @@ def indexer_late_sum_specs() -> list[tuple[str, dict]]:
 # when some head's max grows by more than 8 log2 units) against rescaling every tile, over the
 # tile lengths and stages of the tuned configs, at the six sequence-4,096 shapes.
 ATTENTION_FWD_LAZY_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "TAIL_K": [0], "num_warps": [8],
-                            "num_stages": [1, 2], "RESCALE_SLACK": [0, 8], "UNCHAINED": [0], "maxnreg": [None]}
+                            "num_stages": [1, 2], "RESCALE_SLACK": [0, 8], "UNCHAINED": [0], "PTX_BARRIER": [0],
+                            "maxnreg": [None]}
 
 
 def attention_fwd_grid_specs(name: str, seq: int, space: dict) -> list[tuple[str, dict]]:
@@ -307,7 +311,8 @@ ATTENTION_FWD_TILES_SPACE = ATTENTION_FWD_LAZY_SPACE | {"RESCALE_SLACK": [0]}
 # The HCA forward, the one layer type whose default no sweep has beaten at sequence 4,096: head
 # blocks, tile lengths, warps and a third stage, at its four shapes.
 ATTENTION_FWD_HCA_SPACE = {"BLOCK_H": [32, 64], "TILE_K": [16, 32, 64], "TAIL_K": [0], "num_warps": [4, 8],
-                           "num_stages": [2, 3], "RESCALE_SLACK": [0], "UNCHAINED": [0], "maxnreg": [None]}
+                           "num_stages": [2, 3], "RESCALE_SLACK": [0], "UNCHAINED": [0], "PTX_BARRIER": [0],
+                           "maxnreg": [None]}
 
 
 def attention_fwd_hca_specs() -> list[tuple[str, dict]]:
@@ -320,9 +325,9 @@ def attention_fwd_hca_specs() -> list[tuple[str, dict]]:
 # 32 (sequence 4,096) or 64 compressed ones, a CSA query's below sequence 4 * topk ragged.
 ATTENTION_FWD_TAIL_SPACES = {  # by compress ratio
     128: {"BLOCK_H": [32, 64], "TILE_K": [32, 64], "TAIL_K": [0, 16, 32], "num_warps": [4, 8], "num_stages": [2, 3],
-          "RESCALE_SLACK": [0], "UNCHAINED": [0], "maxnreg": [None]},
+          "RESCALE_SLACK": [0], "UNCHAINED": [0], "PTX_BARRIER": [0], "maxnreg": [None]},
     4: {"BLOCK_H": [64], "TILE_K": [64], "TAIL_K": [0, 16, 32], "num_warps": [8], "num_stages": [1, 2],
-        "RESCALE_SLACK": [0], "UNCHAINED": [0], "maxnreg": [None]},
+        "RESCALE_SLACK": [0], "UNCHAINED": [0], "PTX_BARRIER": [0], "maxnreg": [None]},
 }
 
 
@@ -330,19 +335,20 @@ ATTENTION_FWD_TAIL_SPACES = {  # by compress ratio
 # won the forward at every shape (32- or 64-entry tiles, a 32-entry tail or none, one or two
 # stages), at all twelve shapes.
 ATTENTION_FWD_UNCHAINED_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "TAIL_K": [0, 32], "num_warps": [8],
-                                 "num_stages": [1, 2], "RESCALE_SLACK": [0], "UNCHAINED": [0, 1], "maxnreg": [None]}
+                                 "num_stages": [1, 2], "RESCALE_SLACK": [0], "UNCHAINED": [0, 1], "PTX_BARRIER": [0],
+                                 "maxnreg": [None]}
 
 
 def attention_fwd_unchained_specs(name: str = "unchained", space: dict = ATTENTION_FWD_UNCHAINED_SPACE
                                   ) -> list[tuple[str, dict]]:
-    return [(f"sparse_attn_fwd-{name}-grid-{seq}", grid_spec("sparse_attn_fwd", shapes_of("sparse_attn_fwd", seq), space))
-            for seq in (4096, 8192)]
+    return [(f"sparse_attn_fwd-{name}-grid-{seq}",
+             grid_spec("sparse_attn_fwd", shapes_of("sparse_attn_fwd", seq), space)) for seq in (4096, 8192)]
 
 
-# UNCHAINED's hand-off behind an inline PTX barrier, which the pipeliner does not stop at: two
-# stages now pipeline its gathers. The call-2 grid's unchained two-stage tilings beside the chained
-# tilings that won there, at all twelve shapes.
-ATTENTION_FWD_PIPELINED_SPACE = ATTENTION_FWD_UNCHAINED_SPACE | {"num_stages": [2]}
+# UNCHAINED's hand-off behind an inline PTX barrier (PTX_BARRIER 1), which the pipeliner does not
+# stop at: two stages then pipeline its gathers. The call-2 grid's two-stage tilings, chained,
+# unchained and unchained behind PTX, at all twelve shapes.
+ATTENTION_FWD_PIPELINED_SPACE = ATTENTION_FWD_UNCHAINED_SPACE | {"num_stages": [2], "PTX_BARRIER": [0, 1]}
 
 
 def attention_fwd_tail_specs() -> list[tuple[str, dict]]:

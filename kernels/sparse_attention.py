@@ -163,9 +163,9 @@ def _cta_barrier(token, PTX: tl.constexpr):
 
     With PTX (CUDA, compiled) the wait is ``bar.sync`` as inline assembly: Triton 3.6 does not
     software-pipeline a loop that holds a ``tl.debug_barrier``, but pipelines around this. The
-    caller adds the 0 to the addresses it reads after the wait, and reads them ``volatile``, so
-    that neither the compiler nor the pipeliner moves those reads ahead of it. ``token`` (any
-    scalar) only gives the assembly an operand.
+    caller adds the 0 to the addresses it reads after the wait, and reads them ``volatile`` when
+    PTX, so that neither the compiler nor the pipeliner moves those reads ahead of it. ``token``
+    (any scalar) only gives the assembly an operand.
     """
     if PTX:
         return tl.inline_asm_elementwise("bar.sync 0;\n\tmov.u32 $0, 0;", "=r,r", [token], dtype=tl.int32,
@@ -218,8 +218,8 @@ def _attend_tile(q, e, valid, m, denom, acc, qk_scale, p_scratch, alpha_scratch,
         tl.store(p_tile, p.to(tl.bfloat16))
         tl.store(alpha_rows, alpha)
         zero = _cta_barrier(parity, PTX_BARRIER)
-        p = tl.load(p_tile + zero, volatile=True)
-        alpha = tl.load(alpha_rows + zero, volatile=True)
+        p = tl.load(p_tile + zero, volatile=PTX_BARRIER)
+        alpha = tl.load(alpha_rows + zero, volatile=PTX_BARRIER)
     if RESCALE_SLACK > 0:
         if rescale:
             acc = acc * alpha[:, None]
@@ -349,9 +349,9 @@ def _sparse_attn_bwd_kernel(
             tl.store(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K), ds_b)
             tl.store(_scratch_tile(scratch, half + 2, BLOCK_H, TILE_K), p_b)
             zero = _cta_barrier(half, PTX_BARRIER)
-            ds_q = tl.load(_scratch_tile(scratch, half, BLOCK_H, TILE_K) + zero, volatile=True)
-            ds_b = tl.load(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K) + zero, volatile=True)
-            p_b = tl.load(_scratch_tile(scratch, half + 2, BLOCK_H, TILE_K) + zero, volatile=True)
+            ds_q = tl.load(_scratch_tile(scratch, half, BLOCK_H, TILE_K) + zero, volatile=PTX_BARRIER)
+            ds_b = tl.load(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K) + zero, volatile=PTX_BARRIER)
+            p_b = tl.load(_scratch_tile(scratch, half + 2, BLOCK_H, TILE_K) + zero, volatile=PTX_BARRIER)
         dq = tl.dot(ds_q.to(e.dtype), e, dq)
         ds_b = ds_b.to(e.dtype)
         p_b = p_b.to(e.dtype)
@@ -413,9 +413,10 @@ def _interpreted() -> bool:
     return current_arch() == INTERPRETER_ARCH
 
 
-def _ptx_barrier() -> bool:
-    """Whether ``_cta_barrier`` may be inline PTX: compiled for CUDA (not the interpreter, not HIP)."""
-    return not _interpreted() and torch.version.hip is None
+def _ptx_barrier(config: Config) -> bool:
+    """Whether ``_cta_barrier`` is inline PTX: asked for by the config's PTX_BARRIER, and compiled
+    for CUDA (the interpreter and HIP wait by ``tl.debug_barrier`` whatever the knob)."""
+    return bool(config.get("PTX_BARRIER")) and not _interpreted() and torch.version.hip is None
 
 
 def _max_entries(ratio: int, seq: int, topk: int, window: int) -> int:
@@ -448,7 +449,7 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
         (q, kv, kv if kvc is None else kvc, kv if indices is None else indices, sink, o, lse,
          seq, heads, n_comp, topk, window, SOFTMAX_SCALE * _LOG2E),
         {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "TAIL_K": config.get("TAIL_K", 0),
-         "RESCALE_SLACK": config.get("RESCALE_SLACK", 0), "UNCHAINED": unchained, "PTX_BARRIER": _ptx_barrier(),
+         "RESCALE_SLACK": config.get("RESCALE_SLACK", 0), "UNCHAINED": unchained, "PTX_BARRIER": _ptx_barrier(config),
          "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "UPCAST": _interpreted()},
         config,
         compile_only,
@@ -492,7 +493,8 @@ def _backward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None,
              p_begin, p_begin + chunk),
             {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "SPLIT": split,
              "FIRST": p_begin == 0, "ACC_DQ": p_begin > 0, "DE_TRANSPOSED": bool(config.get("DE_TRANSPOSED")),
-             "UNCHAINED": unchained, "PTX_BARRIER": _ptx_barrier(), "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "UPCAST": _interpreted()},
+             "UNCHAINED": unchained, "PTX_BARRIER": _ptx_barrier(config),
+             "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "UPCAST": _interpreted()},
             config,
             compile_only,
         )
@@ -825,14 +827,14 @@ def _default_fwd_config(shape: Shape) -> Config:
     block_h = min(64, max(16, triton.next_power_of_2(shape["heads"])))
     entries = _max_entries(shape["ratio"], shape["seq"], shape["topk"], shape["window"])
     return {"BLOCK_H": block_h, "TILE_K": 32 if entries > 16 else 16, "num_warps": 8 if block_h == 64 else 4,
-            "num_stages": 2, "TAIL_K": 0, "RESCALE_SLACK": 0, "UNCHAINED": 0}
+            "num_stages": 2, "TAIL_K": 0, "RESCALE_SLACK": 0, "UNCHAINED": 0, "PTX_BARRIER": 0}
 
 
 def _default_bwd_config(shape: Shape) -> Config:
     """32 heads and 16 entries a program on eight warps (255 registers, no spills on sm_90), atomics."""
     block_h = 32 if shape["heads"] > 16 else 16
     return {"BLOCK_H": block_h, "TILE_K": 16, "num_warps": 8 if block_h == 32 else 4, "num_stages": 1,
-            "DKV_MODE": "atomic", "R_CHUNK": 0, "DE_TRANSPOSED": 0, "UNCHAINED": 0}
+            "DKV_MODE": "atomic", "R_CHUNK": 0, "DE_TRANSPOSED": 0, "UNCHAINED": 0, "PTX_BARRIER": 0}
 
 
 _SHAPE_FIELDS = ("batch", "seq", "heads", "ratio", "topk", "window")

@@ -121,9 +121,10 @@ def test_tail_tile_matches_eager(seq, ratio, topk, window):
     _assert_forward_matches(p["q"], p, ratio, window, config)
 
 
-# Compiled, a two-stage loop pipelines its gathers around the unchained hand-off's barrier (inline
-# PTX there); the interpreter runs one program at a time and has no stages.
-UNCHAINED_STAGES = (1, 2) if DEVICE.type == "cuda" else (1,)
+# (num_stages, PTX_BARRIER): compiled, a two-stage loop pipelines its gathers around the unchained
+# hand-off's inline PTX barrier; the interpreter runs one program at a time, has no stages and
+# waits by tl.debug_barrier whatever the knob.
+UNCHAINED_FORMS = ((1, 0), (2, 0), (2, 1)) if DEVICE.type == "cuda" else ((1, 0),)
 
 
 @pytest.mark.parametrize(("seq", "ratio", "topk", "window", "tail"),
@@ -134,12 +135,12 @@ def test_unchained_tiles_match_eager(seq, ratio, topk, window, tail):
     scratch halves, each reused), two head blocks and B = 2 (HCA, whose sequence is longer: one of
     each), logits spread over tens of log2 units so that the rescale factor matters, and on CSA
     32-entry tiles with a 16-entry tail, which reads its P with a shorter row stride."""
-    p = _problem(1 if ratio == sparse_attention.HCA_RATIO else 2, seq, 16 if ratio == sparse_attention.HCA_RATIO else 32,
-                 ratio, topk, window, seed=17)
+    hca = ratio == sparse_attention.HCA_RATIO
+    p = _problem(1 if hca else 2, seq, 16 if hca else 32, ratio, topk, window, seed=17)
     q = (p["q"].float() * 12).to(torch.bfloat16)
-    for stages in UNCHAINED_STAGES:
+    for stages, ptx in UNCHAINED_FORMS:
         config = {"BLOCK_H": 16, "TILE_K": 32 if tail else 16, "TAIL_K": tail, "num_warps": 4, "num_stages": stages,
-                  "UNCHAINED": 1}
+                  "UNCHAINED": 1, "PTX_BARRIER": ptx}
         _assert_forward_matches(q, p, ratio, window, config)
 
 
@@ -151,9 +152,10 @@ def test_unchained_backward_matches_eager(ratio, topk, window):
     kernel = registry.get("sparse_attn_bwd")
     inputs = kernel.make_inputs({"batch": 2, "seq": 70, "heads": 32, "ratio": ratio, "topk": topk,
                                  "window": window}, DEVICE, seed=19)
-    for (transposed, mode), stages in itertools.product(((0, "atomic"), (1, "split")), UNCHAINED_STAGES):
+    reductions = ((0, "atomic"), (1, "split"))
+    for (transposed, mode), (stages, ptx) in itertools.product(reductions, UNCHAINED_FORMS):
         config = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": stages, "DKV_MODE": mode, "R_CHUNK": 0,
-                  "DE_TRANSPOSED": transposed, "UNCHAINED": 1}
+                  "DE_TRANSPOSED": transposed, "UNCHAINED": 1, "PTX_BARRIER": ptx}
         for out, ref in zip(kernel.run(inputs, config), kernel.reference(inputs)):
             _close(out, ref)
 
@@ -184,16 +186,17 @@ def test_unchained_needs_whole_head_blocks():
 
 # (The small presets' defaults, 16 or 32 heads and entries a tile, run in the parity tests above.)
 FWD_CONFIGS = [
-    {"BLOCK_H": 32, "TILE_K": 32, "TAIL_K": 16, "num_warps": 8, "num_stages": 2, "UNCHAINED": 0},  # CSA preset only
+    {"BLOCK_H": 32, "TILE_K": 32, "TAIL_K": 16, "num_warps": 8, "num_stages": 2, "UNCHAINED": 0,
+     "PTX_BARRIER": 0},  # CSA preset only
 ]
 # The split mode as is runs in test_split_mode_in_passes_matches; each mode runs once transposed here.
 BWD_CONFIGS = [
     {"BLOCK_H": 32, "TILE_K": 32, "num_warps": 8, "num_stages": 2, "DKV_MODE": "atomic", "R_CHUNK": 0,
-     "DE_TRANSPOSED": 0, "UNCHAINED": 0},
+     "DE_TRANSPOSED": 0, "UNCHAINED": 0, "PTX_BARRIER": 0},
     {"BLOCK_H": 16, "TILE_K": 32, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split", "R_CHUNK": 0,
-     "DE_TRANSPOSED": 1, "UNCHAINED": 0},
+     "DE_TRANSPOSED": 1, "UNCHAINED": 0, "PTX_BARRIER": 0},
     {"BLOCK_H": 16, "TILE_K": 32, "num_warps": 4, "num_stages": 1, "DKV_MODE": "atomic", "R_CHUNK": 0,
-     "DE_TRANSPOSED": 1, "UNCHAINED": 0},
+     "DE_TRANSPOSED": 1, "UNCHAINED": 0, "PTX_BARRIER": 0},
 ]
 
 
@@ -283,15 +286,17 @@ def test_space_prunes_what_sm_90_cannot_hold():
     shape = registry.get("sparse_attn_fwd").presets["v4-flash"][2]
     fwd, bwd = load_space("sparse_attn_fwd"), load_space("sparse_attn_bwd")
     fits = {"BLOCK_H": 64, "TILE_K": 32, "TAIL_K": 0, "num_warps": 8, "num_stages": 2, "RESCALE_SLACK": 0,
-            "UNCHAINED": 0}
+            "UNCHAINED": 0, "PTX_BARRIER": 0}
     assert fwd.violation(fits, shape, "sm_90") is None
     assert fwd.violation({**fits, "UNCHAINED": 1}, shape, "sm_90") is None
     assert "UNCHAINED" in fwd.violation({**fits, "UNCHAINED": 1, "RESCALE_SLACK": 8}, shape, "sm_90")
     assert "UNCHAINED" in fwd.violation({**fits, "UNCHAINED": 1, "BLOCK_H": 16}, {**shape, "heads": 20}, "sm_90")
+    assert fwd.violation({**fits, "UNCHAINED": 1, "PTX_BARRIER": 1}, shape, "sm_90") is None
+    assert "PTX_BARRIER" in fwd.violation({**fits, "PTX_BARRIER": 1}, shape, "sm_90")
     assert "max_regs_per_thread" in fwd.violation({**fits, "num_warps": 4}, shape, "sm_90")
     assert "TAIL_K < TILE_K" in fwd.violation({**fits, "TAIL_K": 32}, shape, "sm_90")
     split = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split", "DE_TRANSPOSED": 0,
-             "UNCHAINED": 0}
+             "UNCHAINED": 0, "PTX_BARRIER": 0}
     assert bwd.violation({**split, "R_CHUNK": 256}, shape, "sm_90") is None
     assert bwd.violation({**split, "DKV_MODE": "atomic", "R_CHUNK": 256}, shape, "sm_90")  # atomics: one pass
     assert bwd.violation({**split, "R_CHUNK": 512}, shape, "sm_90") is None  # 640 positions
