@@ -2,7 +2,8 @@
 # Offline sm_90 compiles (Triton 3.6, no GPU) of the attention forward and backward with P (and
 # dS) handed to the second dots through memory (UNCHAINED 1) against the chained form: registers,
 # spills, shared memory, wgmma count and the instructions of each SASS loop, at the Flash CSA
-# shape, in the tilings the 2026-12-03 write-up cites. Same Triton 3.6 venv as
+# shape, in the tilings the 2026-12-03 write-up cites; the *_ptx rows wait by inline PTX
+# (PTX_BARRIER 1), around which a two-stage loop pipelines its gathers (more shared memory). Same Triton 3.6 venv as
 # bench/offline_sm90_compiles.sh (VENV, default /tmp/triton36).
 # Usage: bash bench/offline_sm90_attention_unchained.sh [OUT_DIR]
 set -euo pipefail
@@ -16,11 +17,15 @@ run "$out/offline-sm90-attention-fwd-unchained.json" sparse_attn_fwd v4-flash --
   \"64_stage1_unchained\": {$fwd, \"TILE_K\": 64, \"TAIL_K\": 0, \"num_stages\": 1, \"UNCHAINED\": 1},
   \"64_stage2_chained\": {$fwd, \"TILE_K\": 64, \"TAIL_K\": 0, \"num_stages\": 2, \"UNCHAINED\": 0},
   \"64_stage2_unchained\": {$fwd, \"TILE_K\": 64, \"TAIL_K\": 0, \"num_stages\": 2, \"UNCHAINED\": 1},
-  \"32_stage2_unchained\": {$fwd, \"TILE_K\": 32, \"TAIL_K\": 0, \"num_stages\": 2, \"UNCHAINED\": 1}}"
+  \"32_stage2_unchained\": {$fwd, \"TILE_K\": 32, \"TAIL_K\": 0, \"num_stages\": 2, \"UNCHAINED\": 1},
+  \"64_stage2_unchained_ptx\": {$fwd, \"TILE_K\": 64, \"TAIL_K\": 0, \"num_stages\": 2, \"UNCHAINED\": 1,
+                               \"PTX_BARRIER\": 1}}"
 bwd='"BLOCK_H": 64, "DE_TRANSPOSED": 1, "R_CHUNK": 0, "num_warps": 8, "num_stages": 2, "maxnreg": null'
 run "$out/offline-sm90-attention-bwd-unchained.json" sparse_attn_bwd v4-flash --only ratio=4,topk=512 --configs "{
   \"64x16_atomic_chained\": {$bwd, \"TILE_K\": 16, \"DKV_MODE\": \"atomic\", \"UNCHAINED\": 0},
   \"64x16_atomic_unchained\": {$bwd, \"TILE_K\": 16, \"DKV_MODE\": \"atomic\", \"UNCHAINED\": 1},
   \"64x16_split_chained\": {$bwd, \"TILE_K\": 16, \"DKV_MODE\": \"split\", \"UNCHAINED\": 0},
   \"64x16_split_unchained\": {$bwd, \"TILE_K\": 16, \"DKV_MODE\": \"split\", \"UNCHAINED\": 1},
-  \"64x32_atomic_unchained\": {$bwd, \"TILE_K\": 32, \"DKV_MODE\": \"atomic\", \"UNCHAINED\": 1}}"
+  \"64x32_atomic_unchained\": {$bwd, \"TILE_K\": 32, \"DKV_MODE\": \"atomic\", \"UNCHAINED\": 1},
+  \"64x16_atomic_unchained_ptx\": {$bwd, \"TILE_K\": 16, \"DKV_MODE\": \"atomic\", \"UNCHAINED\": 1,
+                                  \"PTX_BARRIER\": 1}}"
