@@ -24,7 +24,10 @@ from kv or kv_compressed. It saves the natural-log LSE (sink included) for the b
 ``TAIL_K`` > 0 takes a query's last partial tile in a tile of that length (an HCA query's 128
 window entries and up to 32 compressed ones walk 64 + 64 + 32 positions rather than 3 x 64).
 ``RESCALE_SLACK`` > 0 rescales the accumulator lazily (see ``_attend_tile``; it lost at every
-shape of the 2026-12-02 H200 sweep, and the default rescales every tile).
+shape of the 2026-12-02 H200 sweep, and the default rescales every tile). ``UNCHAINED`` passes P
+to the second dot through memory, so that the two warpgroups of a 64-head block split ``Q E^T``
+instead of each computing all of it (both directions; ``PTX_BARRIER`` lets a multi-stage loop
+pipeline its gathers around that hand-off: see ``_attend_tile`` and ``_cta_barrier``).
 
 Backward (``sparse_attn_bwd``): the same programs recompute P = exp(l - LSE), then
 dP = dO @ E^T, dS = P (dP - rowsum(dO * O)), dq = scale dS @ E, and each tile's entry gradient
