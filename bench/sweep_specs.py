@@ -183,7 +183,8 @@ def attention_bwd_grid_with_committed_specs(name: str, space: dict) -> list[tupl
     specs = []
     for shape in shapes_of("sparse_attn_bwd"):
         prefix = f"sparse_attn_bwd-{name}-{shape['seq']}-{shape['heads']}-{shape['ratio']}"
-        committed = {"UNCHAINED": 0, "PTX_BARRIER": 0} | committed_config("sparse_attn_bwd", shape)
+        # as tuning.resolve runs an entry: its config over the default (older entries lack new knobs)
+        committed = registry.get("sparse_attn_bwd").default_config(shape) | committed_config("sparse_attn_bwd", shape)
         one_point = {p: [v] for p, v in committed.items()}
         specs += [(f"{prefix}-committed", grid_spec("sparse_attn_bwd", [shape], one_point)),
                   (f"{prefix}-grid", grid_spec("sparse_attn_bwd", [shape], space))]

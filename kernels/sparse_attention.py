@@ -432,10 +432,13 @@ def _geometry(q: Tensor, kvc: Tensor | None, indices: Tensor | None) -> tuple[in
     return batch, seq, heads, 0 if kvc is None else kvc.shape[1], 0 if indices is None else indices.shape[2]
 
 
-def _check_unchained(config: Config, heads: int) -> None:
+def _entry_constexprs(config: Config, heads: int, topk: int) -> dict[str, Any]:
+    """The constexprs both directions share: how a tile reaches its second dots, how picks are counted."""
     if config.get("UNCHAINED") and heads % config["BLOCK_H"]:
         raise ValueError(f"UNCHAINED needs BLOCK_H ({config['BLOCK_H']}) to divide the heads ({heads}): "
                          "each program keeps its scratch in its own rows of the output")
+    return {"UNCHAINED": bool(config.get("UNCHAINED")), "PTX_BARRIER": _ptx_barrier(config),
+            "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "UPCAST": _interpreted()}
 
 
 def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, sink: Tensor, ratio: int,
@@ -444,16 +447,13 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
     batch, seq, heads, n_comp, topk = _geometry(q, kvc, indices)
     o = torch.empty_like(q)
     lse = torch.empty(batch, seq, heads, dtype=torch.float32, device=q.device)
-    unchained = bool(config.get("UNCHAINED"))
-    _check_unchained(config, heads)
     launch(
         _sparse_attn_fwd_kernel,
         (seq, triton.cdiv(heads, config["BLOCK_H"]), batch),
         (q, kv, kv if kvc is None else kvc, kv if indices is None else indices, sink, o, lse,
          seq, heads, n_comp, topk, window, SOFTMAX_SCALE * _LOG2E),
         {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "TAIL_K": config.get("TAIL_K", 0),
-         "RESCALE_SLACK": config.get("RESCALE_SLACK", 0), "UNCHAINED": unchained, "PTX_BARRIER": _ptx_barrier(config),
-         "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "UPCAST": _interpreted()},
+         "RESCALE_SLACK": config.get("RESCALE_SLACK", 0), **_entry_constexprs(config, heads, topk)},
         config,
         compile_only,
     )
@@ -473,9 +473,8 @@ def _backward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None,
     positions = _max_entries(ratio, seq, topk, window)
     chunk = max(1, min(config["R_CHUNK"] or positions, positions) if split else positions)
     passes = range(0, positions, chunk)
-    unchained = bool(config.get("UNCHAINED"))
-    _check_unchained(config, heads)
-    if unchained and len(passes) > 1:
+    shared = _entry_constexprs(config, heads, topk)
+    if shared["UNCHAINED"] and len(passes) > 1:
         raise ValueError(f"UNCHAINED needs one pass (R_CHUNK 0), got R_CHUNK {config['R_CHUNK']} over {positions} "
                          "positions: each program keeps its scratch in its own bf16 rows of dq")
     dsink = torch.empty(batch, seq, heads, dtype=torch.float32, device=q.device)
@@ -496,8 +495,7 @@ def _backward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None,
              p_begin, p_begin + chunk),
             {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "SPLIT": split,
              "FIRST": p_begin == 0, "ACC_DQ": p_begin > 0, "DE_TRANSPOSED": bool(config.get("DE_TRANSPOSED")),
-             "UNCHAINED": unchained, "PTX_BARRIER": _ptx_barrier(config),
-             "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "UPCAST": _interpreted()},
+             **shared},
             config,
             compile_only,
         )
