@@ -307,7 +307,7 @@ def _sparse_attn_bwd_kernel(
     (one ``[B, S, p_end - p_begin]`` block per head block) with their destination rows in ``dest_ptr``.
     DE_TRANSPOSED computes each tile's entry gradient as its ``[512, TILE_K]`` transpose: the same
     sums, but as dots whose M is 512 rather than TILE_K, which sm_90 runs as wgmma (M >= 64).
-    UNCHAINED hands dS, scaled dS and P to the dots that use them through the program's rows of dq
+    UNCHAINED hands the scaled dS and P to the dots that use them through the program's rows of dq
     (bf16, one pass only; written at the end), as the forward does: otherwise both warpgroups
     compute all of ``Q E^T`` and ``dO E^T`` at 64 heads on 8 warps.
     """
@@ -335,28 +335,25 @@ def _sparse_attn_bwd_kernel(
     cols = tl.arange(0, _D)[None, :]
     cols_t = tl.arange(0, _D)[:, None]
     dq = tl.zeros([BLOCK_H, _D], dtype=tl.float32)
-    scratch = dq_ptr + ((b * S + s).to(tl.int64) * H + hb * BLOCK_H) * _D  # UNCHAINED's, two halves of 3 tiles
+    scratch = dq_ptr + ((b * S + s).to(tl.int64) * H + hb * BLOCK_H) * _D  # UNCHAINED's, two halves of 2 tiles
     n_pos = tl.minimum(p_end, _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO, TOPK_BLOCK))
     for p0 in range(p_begin, n_pos, TILE_K):
         pos = p0 + tl.arange(0, TILE_K)
         e, valid, dest = _gather_entries(kv_ptr, kvc_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv_rows,
                                          n_pos, RATIO, UPCAST)
         p = tl.where(valid[None, :], tl.exp2(tl.dot(q, tl.trans(e)) * qk_scale - lse2[:, None]), 0.0)
-        ds = p * (tl.dot(do, tl.trans(e)) - delta[:, None])
-        ds_q = ds.to(tl.bfloat16)
-        ds_b = (ds * sm_scale).to(tl.bfloat16)
+        # scaled once, in fp32, for both dq and the entry gradient (the scale is linear in each)
+        ds_b = (p * (tl.dot(do, tl.trans(e)) - delta[:, None]) * sm_scale).to(tl.bfloat16)
         p_b = p.to(tl.bfloat16)
         if UNCHAINED:
-            half = 3 * (((p0 - p_begin) // TILE_K) % 2)
-            tl.store(_scratch_tile(scratch, half, BLOCK_H, TILE_K), ds_q)
-            tl.store(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K), ds_b)
-            tl.store(_scratch_tile(scratch, half + 2, BLOCK_H, TILE_K), p_b)
+            half = 2 * (((p0 - p_begin) // TILE_K) % 2)
+            tl.store(_scratch_tile(scratch, half, BLOCK_H, TILE_K), ds_b)
+            tl.store(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K), p_b)
             zero = _cta_barrier(half, PTX_BARRIER)
-            ds_q = tl.load(_scratch_tile(scratch, half, BLOCK_H, TILE_K) + zero, volatile=PTX_BARRIER)
-            ds_b = tl.load(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K) + zero, volatile=PTX_BARRIER)
-            p_b = tl.load(_scratch_tile(scratch, half + 2, BLOCK_H, TILE_K) + zero, volatile=PTX_BARRIER)
-        dq = tl.dot(ds_q.to(e.dtype), e, dq)
+            ds_b = tl.load(_scratch_tile(scratch, half, BLOCK_H, TILE_K) + zero, volatile=PTX_BARRIER)
+            p_b = tl.load(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K) + zero, volatile=PTX_BARRIER)
         ds_b = ds_b.to(e.dtype)
+        dq = tl.dot(ds_b, e, dq)
         p_b = p_b.to(e.dtype)
         slots = slot_base + pos
         in_chunk = pos < p_end
@@ -377,7 +374,6 @@ def _sparse_attn_bwd_kernel(
                 tl.atomic_add(dkv_ptr + dest[:, None] * _D + cols, de, mask=valid[:, None], sem="relaxed")
         if SPLIT and hb == 0:
             tl.store(dest_ptr + slots, dest.to(tl.int32), mask=in_chunk)
-    dq = dq * sm_scale
     if UNCHAINED:
         tl.debug_barrier()  # every warp has read its last tiles before dq overwrites the scratch
     if ACC_DQ:

@@ -147,7 +147,7 @@ def test_unchained_tiles_match_eager(seq, ratio, topk, window, tail):
 @pytest.mark.parametrize(("ratio", "topk", "window"), [(0, 0, 24), (sparse_attention.CSA_RATIO, 20, 24)],
                          ids=["window", "csa"])
 def test_unchained_backward_matches_eager(ratio, topk, window):
-    """dS, scaled dS and P through the scratch in dq's rows, over both scratch halves (up to three
+    """Scaled dS and P through the scratch in dq's rows, over both scratch halves (up to three
     16-entry tiles), as is and transposed, with atomics and with the split reduction."""
     kernel = registry.get("sparse_attn_bwd")
     inputs = kernel.make_inputs({"batch": 2, "seq": 70, "heads": 32, "ratio": ratio, "topk": topk,
