@@ -177,17 +177,17 @@ ATTENTION_BWD_UNCHAINED_SPACE = {"BLOCK_H": [64], "TILE_K": [16], "DE_TRANSPOSED
                                  "UNCHAINED": [0, 1], "PTX_BARRIER": [0], "maxnreg": [None]}
 
 
-def attention_bwd_grid_with_committed_specs(name: str, space: dict) -> list[tuple[str, dict]]:
-    """At each of the twelve shapes, the grid of ``space`` beside the shape's committed entry (a
-    one-point grid), which the export must be able to keep."""
+def attention_grid_with_committed_specs(kernel: str, name: str, space: dict) -> list[tuple[str, dict]]:
+    """At each of the twelve shapes of ``kernel``, the grid of ``space`` beside the shape's
+    committed entry (a one-point grid), which the export must be able to keep."""
     specs = []
-    for shape in shapes_of("sparse_attn_bwd"):
-        prefix = f"sparse_attn_bwd-{name}-{shape['seq']}-{shape['heads']}-{shape['ratio']}"
+    for shape in shapes_of(kernel):
+        prefix = f"{kernel}-{name}-{shape['seq']}-{shape['heads']}-{shape['ratio']}"
         # as tuning.resolve runs an entry: its config over the default (older entries lack new knobs)
-        committed = registry.get("sparse_attn_bwd").default_config(shape) | committed_config("sparse_attn_bwd", shape)
+        committed = registry.get(kernel).default_config(shape) | committed_config(kernel, shape)
         one_point = {p: [v] for p, v in committed.items()}
-        specs += [(f"{prefix}-committed", grid_spec("sparse_attn_bwd", [shape], one_point)),
-                  (f"{prefix}-grid", grid_spec("sparse_attn_bwd", [shape], space))]
+        specs += [(f"{prefix}-committed", grid_spec(kernel, [shape], one_point)),
+                  (f"{prefix}-grid", grid_spec(kernel, [shape], space))]
     return specs
 
 
@@ -197,6 +197,16 @@ def attention_bwd_grid_with_committed_specs(name: str, space: dict) -> list[tupl
 # with and without the PTX barrier that lets the gathers pipeline, beside the committed entry.
 ATTENTION_BWD_UNCHAINED_32_SPACE = ATTENTION_BWD_UNCHAINED_SPACE | {"TILE_K": [16, 32], "DKV_MODE": ["atomic"],
                                                                    "UNCHAINED": [1], "PTX_BARRIER": [0, 1]}
+
+
+# Unchained, 16 warps split the accumulator's columns four ways (128 registers a thread, offline
+# sm_90 Flash CSA: forward 64 x 64 56 bytes spilled, 618 loop instructions a thread against 930 on
+# 8 warps; backward 64 x 32 544 bytes): each direction's unchained tilings on 16 warps, beside the
+# committed entry. Forward at two stages only: without the PTX barrier one and two compile alike.
+ATTENTION_FWD_16_WARPS_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "TAIL_K": [0, 32], "num_warps": [16],
+                                "num_stages": [2], "RESCALE_SLACK": [0], "UNCHAINED": [1], "PTX_BARRIER": [0, 1],
+                                "maxnreg": [None]}
+ATTENTION_BWD_16_WARPS_SPACE = ATTENTION_BWD_UNCHAINED_32_SPACE | {"num_warps": [16], "PTX_BARRIER": [0]}
 
 
 # The indexer's scoring with the key range as a grid axis (KEY_TILES) against the one-axis grid,
@@ -494,10 +504,13 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "attention-fwd-tail": attention_fwd_tail_specs,
     "attention-fwd-unchained": attention_fwd_unchained_specs,
     "attention-fwd-pipelined": lambda: attention_fwd_unchained_specs("pipelined", ATTENTION_FWD_PIPELINED_SPACE),
-    "attention-bwd-unchained": lambda: attention_bwd_grid_with_committed_specs("unchained",
-                                                                            ATTENTION_BWD_UNCHAINED_SPACE),
-    "attention-bwd-unchained-32": lambda: attention_bwd_grid_with_committed_specs("unchained-32",
-                                                                               ATTENTION_BWD_UNCHAINED_32_SPACE),
+    "attention-bwd-unchained": lambda: attention_grid_with_committed_specs("sparse_attn_bwd", "unchained",
+                                                                        ATTENTION_BWD_UNCHAINED_SPACE),
+    "attention-bwd-unchained-32": lambda: attention_grid_with_committed_specs("sparse_attn_bwd", "unchained-32",
+                                                                           ATTENTION_BWD_UNCHAINED_32_SPACE),
+    "attention-16-warps": lambda: [
+        *attention_grid_with_committed_specs("sparse_attn_fwd", "16-warps", ATTENTION_FWD_16_WARPS_SPACE),
+        *attention_grid_with_committed_specs("sparse_attn_bwd", "16-warps", ATTENTION_BWD_16_WARPS_SPACE)],
     "compressor": compressor_specs,
     "router-argmax": router_argmax_specs,
     "search-efficiency": search_efficiency_specs,
