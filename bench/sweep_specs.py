@@ -179,7 +179,9 @@ ATTENTION_BWD_UNCHAINED_SPACE = {"BLOCK_H": [64], "TILE_K": [16], "DE_TRANSPOSED
 
 def attention_grid_with_committed_specs(kernel: str, name: str, space: dict) -> list[tuple[str, dict]]:
     """At each of the twelve shapes of ``kernel``, the grid of ``space`` beside the shape's
-    committed entry (a one-point grid), which the export must be able to keep."""
+    committed entry (a one-point grid), which the export must be able to keep: export with
+    ``--fastest KERNEL`` where the grid leaves the committed config out, since the export
+    otherwise takes the newer sweep's winner, the grid's."""
     specs = []
     for shape in shapes_of(kernel):
         prefix = f"{kernel}-{name}-{shape['seq']}-{shape['heads']}-{shape['ratio']}"
@@ -197,16 +199,6 @@ def attention_grid_with_committed_specs(kernel: str, name: str, space: dict) -> 
 # with and without the PTX barrier that lets the gathers pipeline, beside the committed entry.
 ATTENTION_BWD_UNCHAINED_32_SPACE = ATTENTION_BWD_UNCHAINED_SPACE | {"TILE_K": [16, 32], "DKV_MODE": ["atomic"],
                                                                    "UNCHAINED": [1], "PTX_BARRIER": [0, 1]}
-
-
-# Unchained, 16 warps split the accumulator's columns four ways (128 registers a thread, offline
-# sm_90 Flash CSA: forward 64 x 64 56 bytes spilled, 618 loop instructions a thread against 930 on
-# 8 warps; backward 64 x 32 544 bytes): each direction's unchained tilings on 16 warps, beside the
-# committed entry. Forward at two stages only: without the PTX barrier one and two compile alike.
-ATTENTION_FWD_16_WARPS_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "TAIL_K": [0, 32], "num_warps": [16],
-                                "num_stages": [2], "RESCALE_SLACK": [0], "UNCHAINED": [1], "PTX_BARRIER": [0, 1],
-                                "maxnreg": [None]}
-ATTENTION_BWD_16_WARPS_SPACE = ATTENTION_BWD_UNCHAINED_32_SPACE | {"num_warps": [16], "PTX_BARRIER": [0]}
 
 
 # The indexer's scoring with the key range as a grid axis (KEY_TILES) against the one-axis grid,
@@ -508,9 +500,6 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
                                                                         ATTENTION_BWD_UNCHAINED_SPACE),
     "attention-bwd-unchained-32": lambda: attention_grid_with_committed_specs("sparse_attn_bwd", "unchained-32",
                                                                            ATTENTION_BWD_UNCHAINED_32_SPACE),
-    "attention-16-warps": lambda: [
-        *attention_grid_with_committed_specs("sparse_attn_fwd", "16-warps", ATTENTION_FWD_16_WARPS_SPACE),
-        *attention_grid_with_committed_specs("sparse_attn_bwd", "16-warps", ATTENTION_BWD_16_WARPS_SPACE)],
     "compressor": compressor_specs,
     "router-argmax": router_argmax_specs,
     "search-efficiency": search_efficiency_specs,

@@ -160,27 +160,6 @@ def test_unchained_backward_matches_eager(ratio, topk, window):
             _close(out, ref)
 
 
-@pytest.mark.skipif(DEVICE.type != "cuda", reason="num_warps is a compiled launch's: the interpreter runs one thread")
-@pytest.mark.parametrize(("ratio", "topk"), [(0, 0), (sparse_attention.CSA_RATIO, 40)], ids=["window", "csa"])
-def test_sixteen_warps_unchained_match_eager(ratio, topk):
-    """64-head blocks on 16 warps, unchained (four warp groups split each accumulator's columns):
-    the forward at 32- and 64-entry tiles (a 32-entry tail on CSA, the PTX barrier), the backward
-    at 16- and 32-entry tiles, on the GPU."""
-    p = _problem(2, 200, 64, ratio, topk, 128, seed=29)
-    for tile, tail, ptx in ((32, 0, 0), (64, 32 if topk else 0, 1)):
-        config = {"BLOCK_H": 64, "TILE_K": tile, "TAIL_K": tail, "num_warps": 16, "num_stages": 2,
-                  "UNCHAINED": 1, "PTX_BARRIER": ptx}
-        _assert_forward_matches(p["q"], p, ratio, 128, config)
-    kernel = registry.get("sparse_attn_bwd")
-    inputs = kernel.make_inputs({"batch": 2, "seq": 200, "heads": 64, "ratio": ratio, "topk": topk, "window": 128},
-                                DEVICE, seed=31)
-    for tile in (16, 32):
-        config = {"BLOCK_H": 64, "TILE_K": tile, "num_warps": 16, "num_stages": 2, "DKV_MODE": "atomic", "R_CHUNK": 0,
-                  "DE_TRANSPOSED": 1, "UNCHAINED": 1, "PTX_BARRIER": 0}
-        for out, ref in zip(kernel.run(inputs, config), kernel.reference(inputs)):
-            _close(out, ref)
-
-
 def test_csa_picks_end_at_the_first_padding():
     """A -1 among a query's picks ends them: the kernels and the reference skip the picks after it."""
     full = _problem(1, 96, 16, sparse_attention.CSA_RATIO, 20, 24, seed=23)
