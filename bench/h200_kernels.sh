@@ -44,7 +44,11 @@ sweep)
   python -m tuner.cli --db "sqlite:///$db" sweep list 2>&1 | tail -45 | tee -a "$out/log.txt"
   step "export"
   [ -f "$out/sm_90.json" ] || cp kernels/tables/sm_90.json "$out/"  # what EXPORT_ARGS=--merge keeps entries of
-  python -m tuner.cli --db "sqlite:///$db" export --arch sm_90 --out "$out" ${EXPORT_ARGS:-} 2>&1 | tail -3 | tee -a "$out/log.txt"
+  # its whole output in export.log; here every warning (an entry slower than an older sweep's or
+  # the merged table's), then the last lines of the rest
+  python -m tuner.cli --db "sqlite:///$db" export --arch sm_90 --out "$out" ${EXPORT_ARGS:-} > /tmp/export.log 2>&1
+  cat /tmp/export.log >> "$out/export.log"
+  { grep '^warning' /tmp/export.log; grep -v '^warning' /tmp/export.log | tail -3; } | tee -a "$out/log.txt"
   cp "$db" "$out/h200.db"
   ;;
 bench)
