@@ -3,8 +3,8 @@
 # dS) handed to the second dots through memory (UNCHAINED 1) against the chained form: registers,
 # spills, shared memory, wgmma count and the instructions of each SASS loop, at the Flash CSA
 # shape, in the tilings the 2026-12-03 write-up cites; the *_ptx rows wait by inline PTX
-# (PTX_BARRIER 1), around which a two-stage loop pipelines its gathers (more shared memory); the
-# *_w16 rows run the unchained forms on 16 warps (2026-12-03b write-up). Same Triton 3.6 venv as
+# (PTX_BARRIER 1, the hand-off read volatile; *_ptx_plain: 2, read plainly), around which a
+# two-stage loop pipelines its gathers (more shared memory); the *_w16 rows run the unchained forms on 16 warps (2026-12-03b write-up). Same Triton 3.6 venv as
 # bench/offline_sm90_compiles.sh (VENV, default /tmp/triton36).
 # Usage: bash bench/offline_sm90_attention_unchained.sh [OUT_DIR]
 set -euo pipefail
@@ -21,6 +21,8 @@ run "$out/offline-sm90-attention-fwd-unchained.json" sparse_attn_fwd v4-flash --
   \"32_stage2_unchained\": {$fwd, \"TILE_K\": 32, \"TAIL_K\": 0, \"num_stages\": 2, \"UNCHAINED\": 1},
   \"64_stage2_unchained_ptx\": {$fwd, \"TILE_K\": 64, \"TAIL_K\": 0, \"num_stages\": 2, \"UNCHAINED\": 1,
                                \"PTX_BARRIER\": 1},
+  \"64_stage2_unchained_ptx_plain\": {$fwd, \"TILE_K\": 64, \"TAIL_K\": 0, \"num_stages\": 2, \"UNCHAINED\": 1,
+                                     \"PTX_BARRIER\": 2},
   \"64_stage2_unchained_w16\": {$fwd, \"TILE_K\": 64, \"TAIL_K\": 0, \"num_stages\": 2, \"UNCHAINED\": 1,
                                \"num_warps\": 16},
   \"32_stage2_unchained_w16\": {$fwd, \"TILE_K\": 32, \"TAIL_K\": 0, \"num_stages\": 2, \"UNCHAINED\": 1,
@@ -34,5 +36,7 @@ run "$out/offline-sm90-attention-bwd-unchained.json" sparse_attn_bwd v4-flash --
   \"64x32_atomic_unchained\": {$bwd, \"TILE_K\": 32, \"DKV_MODE\": \"atomic\", \"UNCHAINED\": 1},
   \"64x16_atomic_unchained_ptx\": {$bwd, \"TILE_K\": 16, \"DKV_MODE\": \"atomic\", \"UNCHAINED\": 1,
                                   \"PTX_BARRIER\": 1},
+  \"64x32_atomic_unchained_ptx_plain\": {$bwd, \"TILE_K\": 32, \"DKV_MODE\": \"atomic\", \"UNCHAINED\": 1,
+                                        \"PTX_BARRIER\": 2},
   \"64x32_atomic_unchained_w16\": {$bwd, \"TILE_K\": 32, \"DKV_MODE\": \"atomic\", \"UNCHAINED\": 1,
                                   \"num_warps\": 16}}"

@@ -353,6 +353,13 @@ def attention_fwd_unchained_specs(name: str = "unchained", space: dict = ATTENTI
 # unchained and unchained behind PTX, at all twelve shapes.
 ATTENTION_FWD_PIPELINED_SPACE = ATTENTION_FWD_UNCHAINED_SPACE | {"num_stages": [2], "PTX_BARRIER": [0, 1]}
 
+# That sweep's PTX barrier read its hand-off volatile (scalar system-scope loads) and lost by
+# 1.17-1.34x; PTX_BARRIER 2 reads it plainly. The same two-stage grid with 0 and 2 (it holds the
+# committed chained entries), and the backward's 32-entry grid with 0, 1 and 2 beside its
+# committed entry.
+ATTENTION_FWD_PLAIN_HANDOFF_SPACE = ATTENTION_FWD_PIPELINED_SPACE | {"PTX_BARRIER": [0, 2]}
+ATTENTION_BWD_PLAIN_HANDOFF_SPACE = ATTENTION_BWD_UNCHAINED_32_SPACE | {"TILE_K": [32], "PTX_BARRIER": [0, 1, 2]}
+
 
 def attention_fwd_tail_specs() -> list[tuple[str, dict]]:
     return [(f"sparse_attn_fwd-tail-grid-ratio-{ratio}",
@@ -500,6 +507,9 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
                                                                         ATTENTION_BWD_UNCHAINED_SPACE),
     "attention-bwd-unchained-32": lambda: attention_grid_with_committed_specs("sparse_attn_bwd", "unchained-32",
                                                                            ATTENTION_BWD_UNCHAINED_32_SPACE),
+    "attention-plain-handoff": lambda: [
+        *attention_fwd_unchained_specs("plain-handoff", ATTENTION_FWD_PLAIN_HANDOFF_SPACE),
+        *attention_grid_with_committed_specs("sparse_attn_bwd", "plain-handoff", ATTENTION_BWD_PLAIN_HANDOFF_SPACE)],
     "compressor": compressor_specs,
     "router-argmax": router_argmax_specs,
     "search-efficiency": search_efficiency_specs,

@@ -101,6 +101,9 @@ _D = tl.constexpr(LATENT_DIM)
 _LOG2E_C = tl.constexpr(_LOG2E)
 _LN2_C = tl.constexpr(math.log(2.0))
 _CSA = tl.constexpr(CSA_RATIO)
+# PTX_BARRIER's inline-PTX modes (``_ptx_barrier``): the hand-off read volatile, or plainly
+_PTX_VOLATILE = tl.constexpr(1)
+_PTX_PLAIN = tl.constexpr(2)
 # Launch parameters of the split mode's gather-sum (memory-bound; not tuned).
 _REDUCE_SLOTS = 16
 _REDUCE_WARPS = 4
@@ -166,9 +169,9 @@ def _cta_barrier(token, PTX: tl.constexpr):
 
     With PTX (CUDA, compiled) the wait is ``bar.sync`` as inline assembly: Triton 3.6 does not
     software-pipeline a loop that holds a ``tl.debug_barrier``, but pipelines around this. The
-    caller adds the 0 to the addresses it reads after the wait, and reads them ``volatile`` when
-    PTX, so that neither the compiler nor the pipeliner moves those reads ahead of it. ``token``
-    (any scalar) only gives the assembly an operand.
+    caller adds the 0 to the addresses it reads after the wait, so that neither the compiler nor
+    the pipeliner can issue those reads ahead of it (ptxas does not move loads across bar.sync).
+    ``token`` (any scalar) only gives the assembly an operand.
     """
     if PTX:
         return tl.inline_asm_elementwise("bar.sync 0;\n\tmov.u32 $0, 0;", "=r,r", [token], dtype=tl.int32,
@@ -221,8 +224,8 @@ def _attend_tile(q, e, valid, m, denom, acc, qk_scale, p_scratch, alpha_scratch,
         tl.store(p_tile, p.to(tl.bfloat16))
         tl.store(alpha_rows, alpha)
         zero = _cta_barrier(parity, PTX_BARRIER)
-        p = tl.load(p_tile + zero, volatile=PTX_BARRIER)
-        alpha = tl.load(alpha_rows + zero, volatile=PTX_BARRIER)
+        p = tl.load(p_tile + zero, volatile=PTX_BARRIER == _PTX_VOLATILE)
+        alpha = tl.load(alpha_rows + zero, volatile=PTX_BARRIER == _PTX_VOLATILE)
     if RESCALE_SLACK > 0:
         if rescale:
             acc = acc * alpha[:, None]
@@ -350,8 +353,9 @@ def _sparse_attn_bwd_kernel(
             tl.store(_scratch_tile(scratch, half, BLOCK_H, TILE_K), ds_b)
             tl.store(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K), p_b)
             zero = _cta_barrier(half, PTX_BARRIER)
-            ds_b = tl.load(_scratch_tile(scratch, half, BLOCK_H, TILE_K) + zero, volatile=PTX_BARRIER)
-            p_b = tl.load(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K) + zero, volatile=PTX_BARRIER)
+            ds_b = tl.load(_scratch_tile(scratch, half, BLOCK_H, TILE_K) + zero, volatile=PTX_BARRIER == _PTX_VOLATILE)
+            p_b = tl.load(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K) + zero,
+                          volatile=PTX_BARRIER == _PTX_VOLATILE)
         ds_b = ds_b.to(e.dtype)
         dq = tl.dot(ds_b, e, dq)
         p_b = p_b.to(e.dtype)
@@ -412,10 +416,17 @@ def _interpreted() -> bool:
     return current_arch() == INTERPRETER_ARCH
 
 
-def _ptx_barrier(config: Config) -> bool:
-    """Whether ``_cta_barrier`` is inline PTX: asked for by the config's PTX_BARRIER, and compiled
-    for CUDA (the interpreter and HIP wait by ``tl.debug_barrier`` whatever the knob)."""
-    return bool(config.get("PTX_BARRIER")) and not _interpreted() and torch.version.hip is None
+def _ptx_barrier(config: Config) -> int:
+    """The config's PTX_BARRIER where compiled for CUDA, else 0 (the interpreter and HIP wait by
+    ``tl.debug_barrier`` whatever the knob): 0 ``tl.debug_barrier``; 1 inline PTX, the hand-off
+    read ``volatile``; 2 inline PTX, plain reads. Volatile reads compile to scalar system-scope
+    loads (LDG.E.STRONG.SYS), with which the forward ran 1.17-1.34x slower than without the
+    barrier on the H200 (2026-12-03b); the address dependency on the wait already keeps plain
+    reads after it."""
+    mode = config.get("PTX_BARRIER") or 0
+    if mode not in (0, _PTX_VOLATILE.value, _PTX_PLAIN.value):
+        raise ValueError(f"PTX_BARRIER must be 0, {_PTX_VOLATILE.value} or {_PTX_PLAIN.value}, not {mode!r}")
+    return mode if not _interpreted() and torch.version.hip is None else 0
 
 
 def _max_entries(ratio: int, seq: int, topk: int, window: int) -> int:

@@ -122,9 +122,9 @@ def test_tail_tile_matches_eager(seq, ratio, topk, window):
 
 
 # (num_stages, PTX_BARRIER): compiled, a two-stage loop pipelines its gathers around the unchained
-# hand-off's inline PTX barrier; the interpreter runs one program at a time, has no stages and
-# waits by tl.debug_barrier whatever the knob.
-UNCHAINED_FORMS = ((1, 0), (2, 0), (2, 1)) if DEVICE.type == "cuda" else ((1, 0),)
+# hand-off's inline PTX barrier (its reads volatile, 1, or plain, 2); the interpreter runs one
+# program at a time, has no stages and waits by tl.debug_barrier whatever the knob.
+UNCHAINED_FORMS = ((1, 0), (2, 0), (2, 1), (2, 2)) if DEVICE.type == "cuda" else ((1, 0),)
 
 
 @pytest.mark.parametrize(("seq", "ratio", "topk", "window", "tail"),
@@ -170,6 +170,13 @@ def test_csa_picks_end_at_the_first_padding():
     o_cut, o_full = (sparse_attention._reference(p["q"], p["kv"], p["sink"], 4, p["kv_compressed"], p["indices"], 24)[0]
                      for p in (cut, full))
     assert (o_cut[0, 60:] - o_full[0, 60:]).abs().amax() > 1e-2  # the dropped picks count when kept
+
+
+def test_ptx_barrier_takes_its_modes_only():
+    p = _problem(1, 40, 16, 0, 0, 16, seed=1)
+    config = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "UNCHAINED": 1, "PTX_BARRIER": 3}
+    with pytest.raises(ValueError, match="PTX_BARRIER must be 0, 1 or 2, not 3"):
+        sparse_attention._forward(p["q"], p["kv"], None, None, p["sink"], 0, 16, config)
 
 
 def test_unchained_needs_whole_head_blocks():
