@@ -27,7 +27,8 @@ window entries and up to 32 compressed ones walk 64 + 64 + 32 positions rather t
 shape of the 2026-12-02 H200 sweep, and the default rescales every tile). ``UNCHAINED`` passes P
 to the second dot through memory, so that the two warpgroups of a 64-head block split ``Q E^T``
 instead of each computing all of it (both directions; ``PTX_BARRIER`` lets a multi-stage loop
-pipeline its gathers around that hand-off: see ``_attend_tile`` and ``_cta_barrier``).
+pipeline its gathers around that hand-off, 1 reading it volatile and 2 plainly: see
+``_attend_tile``, ``_cta_barrier`` and ``_ptx_barrier``).
 
 Backward (``sparse_attn_bwd``): the same programs recompute P = exp(l - LSE), then
 dP = dO @ E^T, dS = P (dP - rowsum(dO * O)), dq = scale dS @ E, and each tile's entry gradient
