@@ -199,8 +199,8 @@ def _attend_tile(q, e, valid, m, denom, acc, qk_scale, p_scratch, alpha_scratch,
     that many log2 units, so most tiles skip the ``BLOCK_H x 512`` multiply; until then P stays
     below ``2**RESCALE_SLACK``, which bf16 and the fp32 sums hold exactly as well.
 
-    UNCHAINED (RESCALE_SLACK 0 only: its rescale flag would have to take the same way) hands P and
-    the rescale factor to the second dot through memory: ``[2, BLOCK_H, TILE_K]`` bf16 from
+    UNCHAINED (RESCALE_SLACK 0 only: with lazy rescaling Triton 3.6 lays the dots out as chained
+    again, offline sm_90) hands P and the rescale factor to the second dot through memory: ``[2, BLOCK_H, TILE_K]`` bf16 from
     ``p_scratch`` and ``[2, BLOCK_H]`` fp32 from ``alpha_scratch``, the half picked by ``parity``,
     so that a faster warp's next tile does not overwrite what a slower warp still reads (one
     barrier a tile). Triton lays out a dot whose result feeds another dot with all its warps along
