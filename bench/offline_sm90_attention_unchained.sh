@@ -4,7 +4,8 @@
 # spills, shared memory, wgmma count and the instructions of each SASS loop, at the Flash CSA
 # shape, in the tilings the 2026-12-03 write-up cites; the *_ptx rows wait by inline PTX
 # (PTX_BARRIER 1, the hand-off read volatile; *_ptx_plain: 2, read plainly), around which a
-# two-stage loop pipelines its gathers (more shared memory); the *_w16 rows run the unchained forms on 16 warps (2026-12-03b write-up). Same Triton 3.6 venv as
+# two-stage loop pipelines its gathers (more shared memory); the *_w16 rows run the unchained
+# forms on 16 warps (2026-12-03b write-up). Same Triton 3.6 venv as
 # bench/offline_sm90_compiles.sh (VENV, default /tmp/triton36).
 # Usage: bash bench/offline_sm90_attention_unchained.sh [OUT_DIR]
 set -euo pipefail

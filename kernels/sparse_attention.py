@@ -183,6 +183,12 @@ def _cta_barrier(token, PTX: tl.constexpr):
 
 
 @triton.jit
+def _load_after_wait(ptrs, zero, PTX_BARRIER: tl.constexpr):
+    """Read hand-off values at ``ptrs`` after ``_cta_barrier`` returned ``zero`` (volatile in mode 1)."""
+    return tl.load(ptrs + zero, volatile=PTX_BARRIER == _PTX_VOLATILE)
+
+
+@triton.jit
 def _scratch_tile(scratch, slot, ROWS: tl.constexpr, COLS: tl.constexpr):
     """Pointers of the ``[ROWS, COLS]`` tile ``slot`` of a program's scratch rows (see UNCHAINED)."""
     return scratch + (tl.arange(0, ROWS) + slot * ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
@@ -200,12 +206,13 @@ def _attend_tile(q, e, valid, m, denom, acc, qk_scale, p_scratch, alpha_scratch,
     below ``2**RESCALE_SLACK``, which bf16 and the fp32 sums hold exactly as well.
 
     UNCHAINED (RESCALE_SLACK 0 only: with lazy rescaling Triton 3.6 lays the dots out as chained
-    again, offline sm_90) hands P and the rescale factor to the second dot through memory: ``[2, BLOCK_H, TILE_K]`` bf16 from
-    ``p_scratch`` and ``[2, BLOCK_H]`` fp32 from ``alpha_scratch``, the half picked by ``parity``,
-    so that a faster warp's next tile does not overwrite what a slower warp still reads (one
-    barrier a tile). Triton lays out a dot whose result feeds another dot with all its warps along
-    M, so at 64 heads on 8 warps both warpgroups compute the whole ``Q E^T``; through memory the
-    two dots are no longer chained, and each warpgroup computes half of the tile's logits.
+    again, offline sm_90) hands P and the rescale factor to the second dot through memory:
+    ``[2, BLOCK_H, TILE_K]`` bf16 from ``p_scratch`` and ``[2, BLOCK_H]`` fp32 from
+    ``alpha_scratch``, the half picked by ``parity``, so that a faster warp's next tile does not
+    overwrite what a slower warp still reads (one barrier a tile). Triton lays out a dot whose
+    result feeds another dot with all its warps along M, so at 64 heads on 8 warps both
+    warpgroups compute the whole ``Q E^T``; through memory the two dots are no longer chained,
+    and each warpgroup computes half of the tile's logits.
     """
     logits = tl.dot(q, tl.trans(e)) * qk_scale
     logits = tl.where(valid[None, :], logits, float("-inf"))
@@ -225,8 +232,8 @@ def _attend_tile(q, e, valid, m, denom, acc, qk_scale, p_scratch, alpha_scratch,
         tl.store(p_tile, p.to(tl.bfloat16))
         tl.store(alpha_rows, alpha)
         zero = _cta_barrier(parity, PTX_BARRIER)
-        p = tl.load(p_tile + zero, volatile=PTX_BARRIER == _PTX_VOLATILE)
-        alpha = tl.load(alpha_rows + zero, volatile=PTX_BARRIER == _PTX_VOLATILE)
+        p = _load_after_wait(p_tile, zero, PTX_BARRIER)
+        alpha = _load_after_wait(alpha_rows, zero, PTX_BARRIER)
     if RESCALE_SLACK > 0:
         if rescale:
             acc = acc * alpha[:, None]
@@ -354,9 +361,8 @@ def _sparse_attn_bwd_kernel(
             tl.store(_scratch_tile(scratch, half, BLOCK_H, TILE_K), ds_b)
             tl.store(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K), p_b)
             zero = _cta_barrier(half, PTX_BARRIER)
-            ds_b = tl.load(_scratch_tile(scratch, half, BLOCK_H, TILE_K) + zero, volatile=PTX_BARRIER == _PTX_VOLATILE)
-            p_b = tl.load(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K) + zero,
-                          volatile=PTX_BARRIER == _PTX_VOLATILE)
+            ds_b = _load_after_wait(_scratch_tile(scratch, half, BLOCK_H, TILE_K), zero, PTX_BARRIER)
+            p_b = _load_after_wait(_scratch_tile(scratch, half + 1, BLOCK_H, TILE_K), zero, PTX_BARRIER)
         ds_b = ds_b.to(e.dtype)
         dq = tl.dot(ds_b, e, dq)
         p_b = p_b.to(e.dtype)
