@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from bench import sweep_specs
+from tuner.spec import parse_spec
 
 
 def run_main(monkeypatch, *args: str) -> None:
@@ -34,3 +35,20 @@ def test_grid_groups_are_graph_timed_only_for_memory_bound_launches(tmp_path, mo
     assert glue["space"]["SLABS"] == [2, 4, 8] and len(glue["shapes"]) == 4  # every Flash and Pro glue shape
     assert "timing" not in index and index["space"]["SELECT_WARPS"] == [1, 2, 4, 8, 16]
     assert {s["seq"] for s in index["shapes"]} == {4096, 8192}
+
+
+def test_plain_handoff_group_sweeps_ptx_modes_beside_the_committed_entries(tmp_path, monkeypatch):
+    """Every spec parses; the backward's one-point specs are the committed entries as resolve runs
+    them; the grids hold the PTX modes the next call compares."""
+    run_main(monkeypatch, str(tmp_path), "attention-plain-handoff")
+    specs = {p.stem: parse_spec(yaml.safe_load(p.read_text())) for p in tmp_path.glob("*.yaml")}
+    fwd = [s for s in specs.values() if s.kernel == "sparse_attn_fwd"]
+    committed = {name: s for name, s in specs.items() if name.endswith("-committed")}
+    assert len(fwd) == 2 and len(committed) == 12
+    assert all(s.space["PTX_BARRIER"] == [0, 2] and s.space["UNCHAINED"] == [0, 1] for s in fwd)
+    for spec in committed.values():
+        [shape] = spec.resolved_shapes()
+        entry = sweep_specs.committed_config("sparse_attn_bwd", shape)
+        assert {p: v for p, (v,) in spec.space.items() if p in entry} == entry
+    grids = [s for name, s in specs.items() if name.endswith("-grid") and s.kernel == "sparse_attn_bwd"]
+    assert len(grids) == 12 and all(s.space["PTX_BARRIER"] == [0, 1, 2] for s in grids)
