@@ -299,7 +299,7 @@ def indexer_late_sum_specs() -> list[tuple[str, dict]]:
 # tile lengths and stages of the tuned configs, at the six sequence-4,096 shapes.
 ATTENTION_FWD_LAZY_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "TAIL_K": [0], "num_warps": [8],
                             "num_stages": [1, 2], "RESCALE_SLACK": [0, 8], "UNCHAINED": [0], "PTX_BARRIER": [0],
-                            "maxnreg": [None]}
+                            "GLUON": [0], "maxnreg": [None]}
 
 
 def attention_fwd_grid_specs(name: str, seq: int, space: dict) -> list[tuple[str, dict]]:
@@ -315,7 +315,7 @@ ATTENTION_FWD_TILES_SPACE = ATTENTION_FWD_LAZY_SPACE | {"RESCALE_SLACK": [0]}
 # blocks, tile lengths, warps and a third stage, at its four shapes.
 ATTENTION_FWD_HCA_SPACE = {"BLOCK_H": [32, 64], "TILE_K": [16, 32, 64], "TAIL_K": [0], "num_warps": [4, 8],
                            "num_stages": [2, 3], "RESCALE_SLACK": [0], "UNCHAINED": [0], "PTX_BARRIER": [0],
-                           "maxnreg": [None]}
+                           "GLUON": [0], "maxnreg": [None]}
 
 
 def attention_fwd_hca_specs() -> list[tuple[str, dict]]:
@@ -328,9 +328,9 @@ def attention_fwd_hca_specs() -> list[tuple[str, dict]]:
 # 32 (sequence 4,096) or 64 compressed ones, a CSA query's below sequence 4 * topk ragged.
 ATTENTION_FWD_TAIL_SPACES = {  # by compress ratio
     128: {"BLOCK_H": [32, 64], "TILE_K": [32, 64], "TAIL_K": [0, 16, 32], "num_warps": [4, 8], "num_stages": [2, 3],
-          "RESCALE_SLACK": [0], "UNCHAINED": [0], "PTX_BARRIER": [0], "maxnreg": [None]},
+          "RESCALE_SLACK": [0], "UNCHAINED": [0], "PTX_BARRIER": [0], "GLUON": [0], "maxnreg": [None]},
     4: {"BLOCK_H": [64], "TILE_K": [64], "TAIL_K": [0, 16, 32], "num_warps": [8], "num_stages": [1, 2],
-        "RESCALE_SLACK": [0], "UNCHAINED": [0], "PTX_BARRIER": [0], "maxnreg": [None]},
+        "RESCALE_SLACK": [0], "UNCHAINED": [0], "PTX_BARRIER": [0], "GLUON": [0], "maxnreg": [None]},
 }
 
 
@@ -339,7 +339,7 @@ ATTENTION_FWD_TAIL_SPACES = {  # by compress ratio
 # stages), at all twelve shapes.
 ATTENTION_FWD_UNCHAINED_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "TAIL_K": [0, 32], "num_warps": [8],
                                  "num_stages": [1, 2], "RESCALE_SLACK": [0], "UNCHAINED": [0, 1], "PTX_BARRIER": [0],
-                                 "maxnreg": [None]}
+                                 "GLUON": [0], "maxnreg": [None]}
 
 
 def attention_fwd_unchained_specs(name: str = "unchained", space: dict = ATTENTION_FWD_UNCHAINED_SPACE
@@ -359,6 +359,10 @@ ATTENTION_FWD_PIPELINED_SPACE = ATTENTION_FWD_UNCHAINED_SPACE | {"num_stages": [
 # committed entry.
 ATTENTION_FWD_PLAIN_HANDOFF_SPACE = ATTENTION_FWD_PIPELINED_SPACE | {"PTX_BARRIER": [0, 2]}
 ATTENTION_BWD_PLAIN_HANDOFF_SPACE = ATTENTION_BWD_UNCHAINED_32_SPACE | {"TILE_K": [32], "PTX_BARRIER": [0, 1, 2]}
+
+# PTX_BARRIER 2 tied the chained forward (2026-12-03c). The Gluon form (GLUON 1, one tiling) beside
+# that grid's two-stage chained and plain-handoff configs, at all twelve shapes.
+ATTENTION_FWD_GLUON_SPACE = ATTENTION_FWD_PLAIN_HANDOFF_SPACE | {"TILE_K": [64], "GLUON": [0, 1]}
 
 
 def attention_fwd_tail_specs() -> list[tuple[str, dict]]:
@@ -510,6 +514,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "attention-plain-handoff": lambda: [
         *attention_fwd_unchained_specs("plain-handoff", ATTENTION_FWD_PLAIN_HANDOFF_SPACE),
         *attention_grid_with_committed_specs("sparse_attn_bwd", "plain-handoff", ATTENTION_BWD_PLAIN_HANDOFF_SPACE)],
+    "attention-gluon": lambda: attention_fwd_unchained_specs("gluon", ATTENTION_FWD_GLUON_SPACE),
     "compressor": compressor_specs,
     "router-argmax": router_argmax_specs,
     "search-efficiency": search_efficiency_specs,

@@ -85,6 +85,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
+from kernels import sparse_attention_sm90
 from kernels.arch import INTERPRETER_ARCH, current_arch
 from kernels.launch import launch
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
@@ -436,6 +437,16 @@ def _ptx_barrier(config: Config) -> int:
     return mode if not _interpreted() and torch.version.hip is None else 0
 
 
+def _check_gluon(config: Config, heads: int) -> None:
+    """Raise unless the forward's Gluon form (``kernels.sparse_attention_sm90``) can run ``config`` here."""
+    if current_arch() != "sm_90":
+        raise ValueError(f"GLUON 1 is the sm_90 form of the forward (Gluon has no interpreter mode); "
+                         f"this process runs on {current_arch()}")
+    why = sparse_attention_sm90.fits(config, heads)
+    if why is not None:
+        raise ValueError(f"GLUON 1 compiles one tiling; this config has {why}")
+
+
 def _max_entries(ratio: int, seq: int, topk: int, window: int) -> int:
     """Most entry positions any query has."""
     return min(seq, window) + (0 if ratio == 0 else topk if ratio == CSA_RATIO else seq // ratio)
@@ -461,6 +472,12 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
     batch, seq, heads, n_comp, topk = _geometry(q, kvc, indices)
     o = torch.empty_like(q)
     lse = torch.empty(batch, seq, heads, dtype=torch.float32, device=q.device)
+    if config.get("GLUON"):
+        _check_gluon(config, heads)
+        sparse_attention_sm90.launch_forward(q, kv, kv if kvc is None else kvc, kv if indices is None else indices,
+                                             sink, o, lse, n_comp, topk, ratio, window, SOFTMAX_SCALE * _LOG2E,
+                                             compile_only)
+        return o, lse
     launch(
         _sparse_attn_fwd_kernel,
         (seq, triton.cdiv(heads, config["BLOCK_H"]), batch),
@@ -842,7 +859,7 @@ def _default_fwd_config(shape: Shape) -> Config:
     block_h = min(64, max(16, triton.next_power_of_2(shape["heads"])))
     entries = _max_entries(shape["ratio"], shape["seq"], shape["topk"], shape["window"])
     return {"BLOCK_H": block_h, "TILE_K": 32 if entries > 16 else 16, "num_warps": 8 if block_h == 64 else 4,
-            "num_stages": 2, "TAIL_K": 0, "RESCALE_SLACK": 0, "UNCHAINED": 0, "PTX_BARRIER": 0}
+            "num_stages": 2, "TAIL_K": 0, "RESCALE_SLACK": 0, "UNCHAINED": 0, "PTX_BARRIER": 0, "GLUON": 0}
 
 
 def _default_bwd_config(shape: Shape) -> Config:

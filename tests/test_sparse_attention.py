@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from kernels import registry, sparse_attention, tuning
+from kernels import registry, sparse_attention, sparse_attention_sm90, tuning
 from kernels.arch import kernel_device
 from kernels.sparse_attention import sparse_attention as attend
 from kernels.sparse_attention import sparse_attention_reference
@@ -160,6 +160,35 @@ def test_unchained_backward_matches_eager(ratio, topk, window):
             _close(out, ref)
 
 
+GLUON_CONFIG = {"BLOCK_H": 64, "TILE_K": 64, "num_warps": 8, "num_stages": 2, "GLUON": 1}
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda" or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the Gluon forward is sm_90's (Gluon has no interpreter mode)")
+@pytest.mark.parametrize(("batch", "seq", "heads", "ratio", "topk", "window"),
+                         [(2, 300, 128, 0, 0, 128), (2, 300, 64, sparse_attention.CSA_RATIO, 40, 128),
+                          (1, 700, 64, sparse_attention.HCA_RATIO, 0, 128), (1, 1030, 64, sparse_attention.CSA_RATIO,
+                                                                             512, 128)],
+                         ids=["window", "csa", "hca", "csa-512"])
+def test_gluon_forward_matches_eager(batch, seq, heads, ratio, topk, window):
+    """The sm_90 Gluon form: both ring slots reused over several tiles, partial last tiles, CSA
+    tiles that mix window and picks (queries with only -1 picks, queries with fewer than topk),
+    two head blocks and B = 2, logits spread over tens of log2 units."""
+    p = _problem(batch, seq, heads, ratio, topk, window, seed=29)
+    q = (p["q"].float() * 12).to(torch.bfloat16)
+    _assert_forward_matches(q, p, ratio, window, GLUON_CONFIG)
+
+
+def test_gluon_forward_says_where_it_cannot_run():
+    p = _problem(1, 40, 64, 0, 0, 16, seed=1)
+    if sparse_attention.current_arch() != "sm_90":
+        with pytest.raises(ValueError, match="GLUON 1 is the sm_90 form"):
+            sparse_attention._forward(p["q"], p["kv"], None, None, p["sink"], 0, 16, GLUON_CONFIG)
+    assert sparse_attention_sm90.fits(GLUON_CONFIG, 64) is None
+    assert sparse_attention_sm90.fits({**GLUON_CONFIG, "TILE_K": 32, "UNCHAINED": 1}, 96) == (
+        "TILE_K 32 (it needs 64); UNCHAINED 1 (it needs 0); heads 96 (it needs a multiple of 64)")
+
+
 def test_csa_picks_end_at_the_first_padding():
     """A -1 among a query's picks ends them: the kernels and the reference skip the picks after it."""
     full = _problem(1, 96, 16, sparse_attention.CSA_RATIO, 20, 24, seed=23)
@@ -194,7 +223,7 @@ def test_unchained_needs_whole_head_blocks():
 # (The small presets' defaults, 16 or 32 heads and entries a tile, run in the parity tests above.)
 FWD_CONFIGS = [
     {"BLOCK_H": 32, "TILE_K": 32, "TAIL_K": 16, "num_warps": 8, "num_stages": 2, "UNCHAINED": 0,
-     "PTX_BARRIER": 0},  # CSA preset only
+     "PTX_BARRIER": 0, "GLUON": 0},  # CSA preset only
 ]
 # The split mode as is runs in test_split_mode_in_passes_matches; each mode runs once transposed here.
 BWD_CONFIGS = [
@@ -293,8 +322,13 @@ def test_space_prunes_what_sm_90_cannot_hold():
     shape = registry.get("sparse_attn_fwd").presets["v4-flash"][2]
     fwd, bwd = load_space("sparse_attn_fwd"), load_space("sparse_attn_bwd")
     fits = {"BLOCK_H": 64, "TILE_K": 32, "TAIL_K": 0, "num_warps": 8, "num_stages": 2, "RESCALE_SLACK": 0,
-            "UNCHAINED": 0, "PTX_BARRIER": 0}
+            "UNCHAINED": 0, "PTX_BARRIER": 0, "GLUON": 0}
     assert fwd.violation(fits, shape, "sm_90") is None
+    gluon = {**fits, "TILE_K": 64, "GLUON": 1}
+    assert fwd.violation(gluon, shape, "sm_90") is None
+    assert "wgmma" in fwd.violation(gluon, shape, "sm_100")  # warpgroup MMA is sm_90's
+    assert "TILE_K == 64" in fwd.violation({**gluon, "TILE_K": 32}, shape, "sm_90")
+    assert "UNCHAINED == 0" in fwd.violation({**gluon, "UNCHAINED": 1}, shape, "sm_90")
     assert fwd.violation({**fits, "UNCHAINED": 1}, shape, "sm_90") is None
     assert "UNCHAINED" in fwd.violation({**fits, "UNCHAINED": 1, "RESCALE_SLACK": 8}, shape, "sm_90")
     assert "UNCHAINED" in fwd.violation({**fits, "UNCHAINED": 1, "BLOCK_H": 16}, {**shape, "heads": 20}, "sm_90")

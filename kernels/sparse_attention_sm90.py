@@ -1,0 +1,169 @@
+"""The sparse-attention forward for Hopper (sm_90), written in Gluon (``GLUON`` 1 in its config).
+
+The Triton kernel (``kernels.sparse_attention``) cannot choose how its two dots are laid out over
+the warps. At 64 heads on 8 warps Triton puts all 8 along the 64 head rows of ``Q E^T``, so both
+warpgroups compute every logit (68 wgmma a 64-entry tile where 36 do); handing P over through
+global memory (``UNCHAINED``) halves that but adds a barrier and a round trip to L2 a tile. Here
+the layouts are explicit:
+
+- both dots use a ``[4, 2]`` warpgroup-MMA layout: warpgroup 0 computes the logits of the tile's
+  first half of entries and the output's first 256 columns, warpgroup 1 the other halves;
+- P crosses between the warpgroups through an 8 KiB shared-memory tile, one CTA barrier a tile;
+- each tile of 64 gathered entries is copied into a two-stage shared-memory ring by ``cp.async``
+  one tile ahead of the dots that read it.
+
+Same math, inputs and outputs as the Triton forward (the sink and window folded in, the
+natural-log LSE saved for the backward); one fixed tiling: 64 heads, 64 entries a tile, 8 warps.
+Gluon has no interpreter mode, so this form runs on sm_90 GPUs only; its parity tests run there.
+"""
+
+import math
+
+from torch import Tensor
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, warpgroup_mma
+
+# The one tiling this form compiles (the warpgroup layout below is written for it).
+BLOCK_H = 64
+TILE_K = 64
+NUM_WARPS = 8
+_CSA_RATIO = gl.constexpr(4)
+_LOG2E = gl.constexpr(math.log2(math.e))
+_LN2 = gl.constexpr(math.log(2.0))
+# Triton 3.6 names the CTA-wide barrier thread_barrier; later versions call it barrier.
+_cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+
+
+@gluon.jit
+def _issue_gather(buffer, kv_ptr, kvc_ptr, idx_ptr, p0, s, b, S, SC, TOPK, WINDOW, n_pos,
+                  RATIO: gl.constexpr, TILE: gl.constexpr, D: gl.constexpr, rows_layout: gl.constexpr):
+    """Start copying the entries at positions ``p0 .. p0 + TILE`` of query (b, s) into ``buffer``
+    (window positions from kv, the rest from kv_compressed; rows past ``n_pos`` copy the query's
+    own kv row, which the logits mask) as one cp.async group."""
+    pos = p0 + gl.arange(0, TILE, layout=gl.SliceLayout(1, rows_layout))
+    n_win = gl.minimum(s + 1, WINDOW)
+    valid = pos < n_pos
+    in_win = valid & (pos < n_win)
+    in_comp = valid & (pos >= n_win)
+    c = pos - n_win
+    if RATIO == _CSA_RATIO:
+        t = gl.load(idx_ptr + (b * S + s).to(gl.int64) * TOPK + c, mask=in_comp, other=0)
+    else:
+        t = c
+    kv_row = (b * S + gl.where(in_win, s + 1 - n_win + pos, s)).to(gl.int64)
+    c_row = (b * SC + t).to(gl.int64)
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, rows_layout))
+    rows = gl.where(in_comp, kvc_ptr + c_row * D, kv_ptr + kv_row * D)
+    async_copy.async_copy_global_to_shared(buffer, rows[:, None] + cols[None, :])
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO: gl.constexpr, TOPK_BLOCK: gl.constexpr,
+                 slots_layout: gl.constexpr):
+    """Entry positions of query s (as ``kernels.sparse_attention._entry_count``): its window, then
+    its compressed slots up to the first -1 pick (CSA) or every closed group (HCA)."""
+    n = gl.minimum(s + 1, WINDOW)
+    if RATIO == _CSA_RATIO:
+        n_read = gl.minimum(TOPK, (s + 1) // RATIO)
+        slots = gl.arange(0, TOPK_BLOCK, layout=slots_layout)
+        picks = gl.load(idx_ptr + (b * S + s).to(gl.int64) * TOPK + slots, mask=slots < n_read, other=-1)
+        n += gl.min(gl.where((picks < 0) & (slots < n_read), slots, n_read), axis=0)
+    elif RATIO != 0:
+        n += (s + 1) // RATIO
+    return n
+
+
+@gluon.jit
+def _sparse_attn_fwd_sm90_kernel(
+    q_ptr, kv_ptr, kvc_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr,
+    S, H, SC, TOPK, WINDOW, qk_scale,
+    RATIO: gl.constexpr, TOPK_BLOCK: gl.constexpr, BLOCK: gl.constexpr, TILE: gl.constexpr, D: gl.constexpr,
+):
+    # [rows, 512] tiles moved 16 bytes a thread; both dots split over the warpgroups along N.
+    rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
+    slots_layout: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, TILE // 2, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, D // 2, 16])
+    s = gl.program_id(0)
+    b = gl.program_id(2)
+    head0 = gl.program_id(1) * BLOCK
+
+    q_rows = head0 + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, rows_layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, rows_layout))
+    offsets = ((b * S + s).to(gl.int64) * H + q_rows)[:, None] * D + cols[None, :]
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK, D],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK, D], gl.bfloat16))
+    q_smem.store(gl.load(q_ptr + offsets))
+    e_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TILE, D],
+                                       gl.NVMMASharedLayout.get_default_for([TILE, D], gl.bfloat16))
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK, TILE],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK, TILE], gl.bfloat16))
+
+    n_pos = _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO, TOPK_BLOCK, slots_layout)
+    _issue_gather(e_ring.index(0), kv_ptr, kvc_ptr, idx_ptr, 0, s, b, S, SC, TOPK, WINDOW, n_pos, RATIO, TILE, D,
+                  rows_layout)
+    # log2-domain running max and denominator, started from the sink: exp2(sink - m) = 1.
+    heads = head0 + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, s_layout))
+    m = gl.load(sink_ptr + heads) * _LOG2E
+    denom = gl.full([BLOCK], 1.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BLOCK, D], gl.float32, layout=o_layout)
+    logits_zero = gl.zeros([BLOCK, TILE], gl.float32, layout=s_layout)
+    n_tiles = gl.cdiv(n_pos, TILE)
+    for i in range(n_tiles):
+        # Tile i has landed (this thread's copies; the barrier makes every thread's visible), and
+        # every warp is past tile i - 1's second dot, so its ring slot and P tile are free.
+        async_copy.wait_group(0)
+        fence_async_shared()
+        _cta_barrier()
+        if i + 1 < n_tiles:
+            _issue_gather(e_ring.index((i + 1) % 2), kv_ptr, kvc_ptr, idx_ptr, (i + 1) * TILE, s, b, S, SC, TOPK,
+                          WINDOW, n_pos, RATIO, TILE, D, rows_layout)
+        entries = e_ring.index(i % 2)
+        logits = warpgroup_mma(q_smem, entries.permute((1, 0)), logits_zero, use_acc=False) * qk_scale
+        pos = i * TILE + gl.arange(0, TILE, layout=gl.SliceLayout(0, s_layout))
+        logits = gl.where((pos < n_pos)[None, :], logits, float("-inf"))
+        m_new = gl.maximum(m, gl.max(logits, axis=1))
+        alpha = gl.exp2(m - m_new)
+        m = m_new
+        p = gl.exp2(logits - m[:, None])
+        denom = denom * alpha + gl.sum(p, axis=1)
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        _cta_barrier()
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        acc = warpgroup_mma(p_smem, entries, acc)
+    out = acc / gl.convert_layout(denom, gl.SliceLayout(1, o_layout))[:, None]
+    gl.store(o_ptr + offsets, gl.convert_layout(out.to(gl.bfloat16), rows_layout))
+    gl.store(lse_ptr + (b * S + s).to(gl.int64) * H + heads, (m + gl.log2(denom)) * _LN2)
+
+
+def fits(config: dict, heads: int) -> str | None:
+    """Why ``config`` cannot run this form at ``heads`` (None when it can)."""
+    fixed = {"BLOCK_H": BLOCK_H, "TILE_K": TILE_K, "num_warps": NUM_WARPS}
+    wrong = [f"{name} {config.get(name)!r} (it needs {value})" for name, value in fixed.items()
+             if config.get(name) != value]
+    wrong += [f"{name} {config[name]!r} (it needs 0)" for name in ("TAIL_K", "RESCALE_SLACK", "UNCHAINED")
+              if config.get(name)]
+    if heads % BLOCK_H:
+        wrong.append(f"heads {heads} (it needs a multiple of {BLOCK_H})")
+    return "; ".join(wrong) or None
+
+
+def launch_forward(q: Tensor, kv: Tensor, kvc: Tensor, indices: Tensor, sink: Tensor, o: Tensor, lse: Tensor,
+                   n_comp: int, topk: int, ratio: int, window: int, qk_scale: float, compile_only: bool) -> None:
+    """Fill ``o`` and ``lse`` (``kernels.sparse_attention._forward``'s buffers) on an sm_90 GPU."""
+    batch, seq, heads, dim = q.shape
+    grid = (seq, heads // BLOCK_H, batch)
+    args = (q, kv, kvc, indices, sink, o, lse, seq, heads, n_comp, topk, window, qk_scale)
+    constexprs = {"RATIO": ratio, "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "BLOCK": BLOCK_H,
+                  "TILE": TILE_K, "D": dim, "num_warps": NUM_WARPS}
+    if compile_only:
+        _sparse_attn_fwd_sm90_kernel.warmup(*args, grid=grid, **constexprs)
+    elif seq and batch:
+        _sparse_attn_fwd_sm90_kernel[grid](*args, **constexprs)
+
