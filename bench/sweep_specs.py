@@ -361,8 +361,11 @@ ATTENTION_FWD_PLAIN_HANDOFF_SPACE = ATTENTION_FWD_PIPELINED_SPACE | {"PTX_BARRIE
 ATTENTION_BWD_PLAIN_HANDOFF_SPACE = ATTENTION_BWD_UNCHAINED_32_SPACE | {"TILE_K": [32], "PTX_BARRIER": [0, 1, 2]}
 
 # PTX_BARRIER 2 tied the chained forward (2026-12-03c). The Gluon form (GLUON 1, one tiling) beside
-# that grid's two-stage chained and plain-handoff configs, at all twelve shapes.
+# that grid's two-stage chained and plain-handoff configs, at all twelve shapes; then its three
+# modes (in turn, partial sums, overlapped) against each other.
 ATTENTION_FWD_GLUON_SPACE = ATTENTION_FWD_PLAIN_HANDOFF_SPACE | {"TILE_K": [64], "GLUON": [0, 1]}
+ATTENTION_FWD_GLUON_MODES_SPACE = ATTENTION_FWD_GLUON_SPACE | {"TAIL_K": [0], "UNCHAINED": [0], "PTX_BARRIER": [0],
+                                                               "GLUON": [1, 2, 3]}
 
 
 def attention_fwd_tail_specs() -> list[tuple[str, dict]]:
@@ -515,6 +518,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
         *attention_fwd_unchained_specs("plain-handoff", ATTENTION_FWD_PLAIN_HANDOFF_SPACE),
         *attention_grid_with_committed_specs("sparse_attn_bwd", "plain-handoff", ATTENTION_BWD_PLAIN_HANDOFF_SPACE)],
     "attention-gluon": lambda: attention_fwd_unchained_specs("gluon", ATTENTION_FWD_GLUON_SPACE),
+    "attention-gluon-modes": lambda: attention_fwd_unchained_specs("gluon-modes", ATTENTION_FWD_GLUON_MODES_SPACE),
     "compressor": compressor_specs,
     "router-argmax": router_argmax_specs,
     "search-efficiency": search_efficiency_specs,

@@ -440,11 +440,11 @@ def _ptx_barrier(config: Config) -> int:
 def _check_gluon(config: Config, heads: int) -> None:
     """Raise unless the forward's Gluon form (``kernels.sparse_attention_sm90``) can run ``config`` here."""
     if current_arch() != "sm_90":
-        raise ValueError(f"GLUON 1 is the sm_90 form of the forward (Gluon has no interpreter mode); "
+        raise ValueError(f"GLUON is the sm_90 form of the forward (Gluon has no interpreter mode); "
                          f"this process runs on {current_arch()}")
     why = sparse_attention_sm90.fits(config, heads)
     if why is not None:
-        raise ValueError(f"GLUON 1 compiles one tiling; this config has {why}")
+        raise ValueError(f"GLUON compiles one tiling; this config has {why}")
 
 
 def _max_entries(ratio: int, seq: int, topk: int, window: int) -> int:
@@ -476,7 +476,7 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
         _check_gluon(config, heads)
         sparse_attention_sm90.launch_forward(q, kv, kv if kvc is None else kvc, kv if indices is None else indices,
                                              sink, o, lse, n_comp, topk, ratio, window, SOFTMAX_SCALE * _LOG2E,
-                                             compile_only)
+                                             config["GLUON"], compile_only)
         return o, lse
     launch(
         _sparse_attn_fwd_kernel,

@@ -23,12 +23,18 @@ from torch import Tensor
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
 # The one tiling this form compiles (the warpgroup layout below is written for it).
 BLOCK_H = 64
 TILE_K = 64
 NUM_WARPS = 8
+# GLUON's values: 1 each tile's dots and softmax in turn; 2 the same with per-thread partial sums of
+# P (no cross-warpgroup sum a tile); 3 as 1 with a tile's softmax overlapping the previous tile's
+# second dot (see the kernel). Partial sums and the overlap together crash ptxas (Triton 3.6,
+# offline sm_90: SIGSEGV).
+MODES = (1, 2, 3)
 _CSA_RATIO = gl.constexpr(4)
 _LOG2E = gl.constexpr(math.log2(math.e))
 _LN2 = gl.constexpr(math.log(2.0))
@@ -77,11 +83,39 @@ def _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO: gl.constexpr, TOPK_BLOCK
 
 
 @gluon.jit
+def _online_softmax(logits, p0, n_pos, m, row_sum, partial, qk_scale, PARTIAL_SUMS: gl.constexpr,
+                    TILE: gl.constexpr, s_layout: gl.constexpr):
+    """One tile's step of the online softmax (log2 domain): the new running max, the rescale
+    factor, P, and the denominator's running parts.
+
+    The row sum of P spans both warpgroups' halves of the tile, so summing it every tile costs a
+    cross-warpgroup reduction (shared memory and a barrier). With PARTIAL_SUMS each thread keeps
+    its own rescaled sum of P (``partial``, summed across the warpgroups once at the end) and
+    ``row_sum`` carries the sink's term alone.
+    """
+    pos = p0 + gl.arange(0, TILE, layout=gl.SliceLayout(0, s_layout))
+    logits = gl.where((pos < n_pos)[None, :], logits * qk_scale, float("-inf"))
+    m_new = gl.maximum(m, gl.max(logits, axis=1))
+    alpha = gl.exp2(m - m_new)
+    p = gl.exp2(logits - m_new[:, None])
+    if PARTIAL_SUMS:
+        row_sum = row_sum * alpha
+        partial = partial * alpha[:, None] + p
+    else:
+        row_sum = row_sum * alpha + gl.sum(p, axis=1)
+    return m_new, alpha, p, row_sum, partial
+
+
+@gluon.jit
 def _sparse_attn_fwd_sm90_kernel(
     q_ptr, kv_ptr, kvc_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr,
     S, H, SC, TOPK, WINDOW, qk_scale,
     RATIO: gl.constexpr, TOPK_BLOCK: gl.constexpr, BLOCK: gl.constexpr, TILE: gl.constexpr, D: gl.constexpr,
+    PARTIAL_SUMS: gl.constexpr, OVERLAP: gl.constexpr,
 ):
+    """OVERLAP: tile i + 1's logits and softmax run while tile i's second dot is in flight (both
+    dots issued asynchronously, the logits first, so that waiting for them leaves the second dot
+    running), with two P tiles; else each tile's dots and softmax in turn."""
     # [rows, 512] tiles moved 16 bytes a thread; both dots split over the warpgroups along N.
     rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
     slots_layout: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
@@ -101,7 +135,7 @@ def _sparse_attn_fwd_sm90_kernel(
     q_smem.store(gl.load(q_ptr + offsets))
     e_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TILE, D],
                                        gl.NVMMASharedLayout.get_default_for([TILE, D], gl.bfloat16))
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK, TILE],
+    p_ring = gl.allocate_shared_memory(gl.bfloat16, [2 if OVERLAP else 1, BLOCK, TILE],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK, TILE], gl.bfloat16))
 
     n_pos = _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO, TOPK_BLOCK, slots_layout)
@@ -110,33 +144,68 @@ def _sparse_attn_fwd_sm90_kernel(
     # log2-domain running max and denominator, started from the sink: exp2(sink - m) = 1.
     heads = head0 + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, s_layout))
     m = gl.load(sink_ptr + heads) * _LOG2E
-    denom = gl.full([BLOCK], 1.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
+    row_sum = gl.full([BLOCK], 1.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
+    partial = gl.zeros([BLOCK, TILE], gl.float32, layout=s_layout)
     acc = gl.zeros([BLOCK, D], gl.float32, layout=o_layout)
     logits_zero = gl.zeros([BLOCK, TILE], gl.float32, layout=s_layout)
     n_tiles = gl.cdiv(n_pos, TILE)
-    for i in range(n_tiles):
-        # Tile i has landed (this thread's copies; the barrier makes every thread's visible), and
-        # every warp is past tile i - 1's second dot, so its ring slot and P tile are free.
+    if OVERLAP:
+        # Tile 0's logits and P, then per tile i: wait for tile i + 1's entries, issue its logits
+        # and tile i's second dot, run its softmax while that dot runs, rescale once it is done.
         async_copy.wait_group(0)
         fence_async_shared()
         _cta_barrier()
-        if i + 1 < n_tiles:
-            _issue_gather(e_ring.index((i + 1) % 2), kv_ptr, kvc_ptr, idx_ptr, (i + 1) * TILE, s, b, S, SC, TOPK,
-                          WINDOW, n_pos, RATIO, TILE, D, rows_layout)
-        entries = e_ring.index(i % 2)
-        logits = warpgroup_mma(q_smem, entries.permute((1, 0)), logits_zero, use_acc=False) * qk_scale
-        pos = i * TILE + gl.arange(0, TILE, layout=gl.SliceLayout(0, s_layout))
-        logits = gl.where((pos < n_pos)[None, :], logits, float("-inf"))
-        m_new = gl.maximum(m, gl.max(logits, axis=1))
-        alpha = gl.exp2(m - m_new)
-        m = m_new
-        p = gl.exp2(logits - m[:, None])
-        denom = denom * alpha + gl.sum(p, axis=1)
-        p_smem.store(p.to(gl.bfloat16))
+        if n_tiles > 1:
+            _issue_gather(e_ring.index(1), kv_ptr, kvc_ptr, idx_ptr, TILE, s, b, S, SC, TOPK, WINDOW, n_pos, RATIO,
+                          TILE, D, rows_layout)
+        logits = warpgroup_mma(q_smem, e_ring.index(0).permute((1, 0)), logits_zero, use_acc=False)
+        m, alpha, p, row_sum, partial = _online_softmax(logits, 0, n_pos, m, row_sum, partial, qk_scale,
+                                                        PARTIAL_SUMS, TILE, s_layout)
+        p_ring.index(0).store(p.to(gl.bfloat16))
         fence_async_shared()
+        for i in range(n_tiles - 1):
+            # Every thread's tile i + 1 has landed and its P of tile i is stored.
+            async_copy.wait_group(0)
+            fence_async_shared()
+            _cta_barrier()
+            logits = warpgroup_mma(q_smem, e_ring.index((i + 1) % 2).permute((1, 0)), logits_zero, use_acc=False,
+                                   is_async=True)
+            acc = warpgroup_mma(p_ring.index(i % 2), e_ring.index(i % 2), acc, is_async=True)
+            logits = warpgroup_mma_wait(num_outstanding=1, deps=(logits,))
+            m, alpha, p, row_sum, partial = _online_softmax(logits, (i + 1) * TILE, n_pos, m, row_sum, partial,
+                                                            qk_scale, PARTIAL_SUMS, TILE, s_layout)
+            p_ring.index((i + 1) % 2).store(p.to(gl.bfloat16))
+            fence_async_shared()
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            # Every warp is past tile i's second dot: its ring slot takes tile i + 2.
+            _cta_barrier()
+            if i + 2 < n_tiles:
+                _issue_gather(e_ring.index(i % 2), kv_ptr, kvc_ptr, idx_ptr, (i + 2) * TILE, s, b, S, SC, TOPK,
+                              WINDOW, n_pos, RATIO, TILE, D, rows_layout)
         _cta_barrier()
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        acc = warpgroup_mma(p_smem, entries, acc)
+        last = (n_tiles - 1) % 2
+        acc = warpgroup_mma(p_ring.index(last), e_ring.index(last), acc)
+    else:
+        for i in range(n_tiles):
+            # Tile i has landed (this thread's copies; the barrier makes every thread's visible),
+            # and every warp is past tile i - 1's second dot, so its ring slot and P tile are free.
+            async_copy.wait_group(0)
+            fence_async_shared()
+            _cta_barrier()
+            if i + 1 < n_tiles:
+                _issue_gather(e_ring.index((i + 1) % 2), kv_ptr, kvc_ptr, idx_ptr, (i + 1) * TILE, s, b, S, SC,
+                              TOPK, WINDOW, n_pos, RATIO, TILE, D, rows_layout)
+            entries = e_ring.index(i % 2)
+            logits = warpgroup_mma(q_smem, entries.permute((1, 0)), logits_zero, use_acc=False)
+            m, alpha, p, row_sum, partial = _online_softmax(logits, i * TILE, n_pos, m, row_sum, partial, qk_scale,
+                                                            PARTIAL_SUMS, TILE, s_layout)
+            p_ring.index(0).store(p.to(gl.bfloat16))
+            fence_async_shared()
+            _cta_barrier()
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            acc = warpgroup_mma(p_ring.index(0), entries, acc)
+    denom = row_sum + gl.sum(partial, axis=1) if PARTIAL_SUMS else row_sum
     out = acc / gl.convert_layout(denom, gl.SliceLayout(1, o_layout))[:, None]
     gl.store(o_ptr + offsets, gl.convert_layout(out.to(gl.bfloat16), rows_layout))
     gl.store(lse_ptr + (b * S + s).to(gl.int64) * H + heads, (m + gl.log2(denom)) * _LN2)
@@ -149,19 +218,24 @@ def fits(config: dict, heads: int) -> str | None:
              if config.get(name) != value]
     wrong += [f"{name} {config[name]!r} (it needs 0)" for name in ("TAIL_K", "RESCALE_SLACK", "UNCHAINED")
               if config.get(name)]
+    if config.get("GLUON") not in MODES:
+        wrong.append(f"GLUON {config.get('GLUON')!r} (it is one of {', '.join(map(str, MODES))})")
     if heads % BLOCK_H:
         wrong.append(f"heads {heads} (it needs a multiple of {BLOCK_H})")
     return "; ".join(wrong) or None
 
 
 def launch_forward(q: Tensor, kv: Tensor, kvc: Tensor, indices: Tensor, sink: Tensor, o: Tensor, lse: Tensor,
-                   n_comp: int, topk: int, ratio: int, window: int, qk_scale: float, compile_only: bool) -> None:
-    """Fill ``o`` and ``lse`` (``kernels.sparse_attention._forward``'s buffers) on an sm_90 GPU."""
+                   n_comp: int, topk: int, ratio: int, window: int, qk_scale: float, mode: int,
+                   compile_only: bool) -> None:
+    """Fill ``o`` and ``lse`` (``kernels.sparse_attention._forward``'s buffers) on an sm_90 GPU in
+    GLUON ``mode`` (see MODES)."""
     batch, seq, heads, dim = q.shape
     grid = (seq, heads // BLOCK_H, batch)
     args = (q, kv, kvc, indices, sink, o, lse, seq, heads, n_comp, topk, window, qk_scale)
     constexprs = {"RATIO": ratio, "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "BLOCK": BLOCK_H,
-                  "TILE": TILE_K, "D": dim, "num_warps": NUM_WARPS}
+                  "TILE": TILE_K, "D": dim, "PARTIAL_SUMS": mode == 2, "OVERLAP": mode == 3,
+                  "num_warps": NUM_WARPS}
     if compile_only:
         _sparse_attn_fwd_sm90_kernel.warmup(*args, grid=grid, **constexprs)
     elif seq and batch:

@@ -171,22 +171,25 @@ GLUON_CONFIG = {"BLOCK_H": 64, "TILE_K": 64, "num_warps": 8, "num_stages": 2, "G
                                                                              512, 128)],
                          ids=["window", "csa", "hca", "csa-512"])
 def test_gluon_forward_matches_eager(batch, seq, heads, ratio, topk, window):
-    """The sm_90 Gluon form: both ring slots reused over several tiles, partial last tiles, CSA
-    tiles that mix window and picks (queries with only -1 picks, queries with fewer than topk),
-    two head blocks and B = 2, logits spread over tens of log2 units."""
+    """The sm_90 Gluon form in each mode: both ring slots reused over several tiles (the first
+    queries have one tile, all in the overlapped mode's prologue), partial last tiles, CSA tiles
+    that mix window and picks (queries with only -1 picks, queries with fewer than topk), two head
+    blocks and B = 2, logits spread over tens of log2 units."""
     p = _problem(batch, seq, heads, ratio, topk, window, seed=29)
     q = (p["q"].float() * 12).to(torch.bfloat16)
-    _assert_forward_matches(q, p, ratio, window, GLUON_CONFIG)
+    for mode in sparse_attention_sm90.MODES:
+        _assert_forward_matches(q, p, ratio, window, {**GLUON_CONFIG, "GLUON": mode})
 
 
 def test_gluon_forward_says_where_it_cannot_run():
     p = _problem(1, 40, 64, 0, 0, 16, seed=1)
     if sparse_attention.current_arch() != "sm_90":
-        with pytest.raises(ValueError, match="GLUON 1 is the sm_90 form"):
+        with pytest.raises(ValueError, match="GLUON is the sm_90 form"):
             sparse_attention._forward(p["q"], p["kv"], None, None, p["sink"], 0, 16, GLUON_CONFIG)
     assert sparse_attention_sm90.fits(GLUON_CONFIG, 64) is None
     assert sparse_attention_sm90.fits({**GLUON_CONFIG, "TILE_K": 32, "UNCHAINED": 1}, 96) == (
         "TILE_K 32 (it needs 64); UNCHAINED 1 (it needs 0); heads 96 (it needs a multiple of 64)")
+    assert sparse_attention_sm90.fits({**GLUON_CONFIG, "GLUON": 4}, 64) == "GLUON 4 (it is one of 1, 2, 3)"
 
 
 def test_csa_picks_end_at_the_first_padding():
