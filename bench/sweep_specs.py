@@ -366,6 +366,9 @@ ATTENTION_BWD_PLAIN_HANDOFF_SPACE = ATTENTION_BWD_UNCHAINED_32_SPACE | {"TILE_K"
 ATTENTION_FWD_GLUON_SPACE = ATTENTION_FWD_PLAIN_HANDOFF_SPACE | {"TILE_K": [64], "GLUON": [0, 1]}
 ATTENTION_FWD_GLUON_MODES_SPACE = ATTENTION_FWD_GLUON_SPACE | {"TAIL_K": [0], "UNCHAINED": [0], "PTX_BARRIER": [0],
                                                                "GLUON": [1, 2, 3]}
+# Mode 2 (partial sums) won the CSA forwards, 3 (overlapped) the others: both beside mode 4 (2 from
+# static ring slots, four CTA barriers a tile instead of six).
+ATTENTION_FWD_GLUON_SLOTS_SPACE = ATTENTION_FWD_GLUON_MODES_SPACE | {"GLUON": [2, 3, 4]}
 
 
 def attention_fwd_tail_specs() -> list[tuple[str, dict]]:
@@ -519,6 +522,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
         *attention_grid_with_committed_specs("sparse_attn_bwd", "plain-handoff", ATTENTION_BWD_PLAIN_HANDOFF_SPACE)],
     "attention-gluon": lambda: attention_fwd_unchained_specs("gluon", ATTENTION_FWD_GLUON_SPACE),
     "attention-gluon-modes": lambda: attention_fwd_unchained_specs("gluon-modes", ATTENTION_FWD_GLUON_MODES_SPACE),
+    "attention-gluon-slots": lambda: attention_fwd_unchained_specs("gluon-slots", ATTENTION_FWD_GLUON_SLOTS_SPACE),
     "compressor": compressor_specs,
     "router-argmax": router_argmax_specs,
     "search-efficiency": search_efficiency_specs,

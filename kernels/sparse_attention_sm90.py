@@ -32,9 +32,10 @@ TILE_K = 64
 NUM_WARPS = 8
 # GLUON's values: 1 each tile's dots and softmax in turn; 2 the same with per-thread partial sums of
 # P (no cross-warpgroup sum a tile); 3 as 1 with a tile's softmax overlapping the previous tile's
-# second dot (see the kernel). Partial sums and the overlap together crash ptxas (Triton 3.6,
-# offline sm_90: SIGSEGV).
-MODES = (1, 2, 3)
+# second dot (see the kernel); 4 as 2 from two separately allocated ring slots, two tiles an
+# iteration, which spares two of its six CTA barriers a tile (_attend_from_slot). Partial sums and
+# the overlap together crash Triton 3.6's ptxas (offline sm_90: SIGSEGV; CUDA 13.0's compiles it).
+MODES = (1, 2, 3, 4)
 _CSA_RATIO = gl.constexpr(4)
 _LOG2E = gl.constexpr(math.log2(math.e))
 _LN2 = gl.constexpr(math.log(2.0))
@@ -107,11 +108,35 @@ def _online_softmax(logits, p0, n_pos, m, row_sum, partial, qk_scale, PARTIAL_SU
 
 
 @gluon.jit
+def _attend_from_slot(q_smem, entries, next_slot, p_smem, kv_ptr, kvc_ptr, idx_ptr, i, n_tiles, s, b, S, SC, TOPK,
+                      WINDOW, n_pos, qk_scale, m, row_sum, partial, acc, logits_zero, RATIO: gl.constexpr,
+                      TILE: gl.constexpr, D: gl.constexpr, rows_layout: gl.constexpr, s_layout: gl.constexpr,
+                      o_layout: gl.constexpr):
+    """Tile i (in ``entries``) in turn with partial sums, tile i + 1's gather started into
+    ``next_slot``. The slots are separate allocations, so Triton's barrier analysis sees that the
+    gather does not write what the first dot reads; the wait needs no barrier of its own either:
+    Triton puts one after it, before the gather overwrites the slot tile i - 1's second dot read."""
+    async_copy.wait_group(0)
+    if i + 1 < n_tiles:
+        _issue_gather(next_slot, kv_ptr, kvc_ptr, idx_ptr, (i + 1) * TILE, s, b, S, SC, TOPK, WINDOW, n_pos, RATIO,
+                      TILE, D, rows_layout)
+    logits = warpgroup_mma(q_smem, entries.permute((1, 0)), logits_zero, use_acc=False)
+    m, alpha, p, row_sum, partial = _online_softmax(logits, i * TILE, n_pos, m, row_sum, partial, qk_scale, True,
+                                                    TILE, s_layout)
+    p_smem.store(p.to(gl.bfloat16))
+    fence_async_shared()
+    _cta_barrier()
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    acc = warpgroup_mma(p_smem, entries, acc)
+    return m, row_sum, partial, acc
+
+
+@gluon.jit
 def _sparse_attn_fwd_sm90_kernel(
     q_ptr, kv_ptr, kvc_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr,
     S, H, SC, TOPK, WINDOW, qk_scale,
     RATIO: gl.constexpr, TOPK_BLOCK: gl.constexpr, BLOCK: gl.constexpr, TILE: gl.constexpr, D: gl.constexpr,
-    PARTIAL_SUMS: gl.constexpr, OVERLAP: gl.constexpr,
+    PARTIAL_SUMS: gl.constexpr, OVERLAP: gl.constexpr, STATIC_SLOTS: gl.constexpr,
 ):
     """OVERLAP: tile i + 1's logits and softmax run while tile i's second dot is in flight (both
     dots issued asynchronously, the logits first, so that waiting for them leaves the second dot
@@ -133,14 +158,15 @@ def _sparse_attn_fwd_sm90_kernel(
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK, D],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK, D], gl.bfloat16))
     q_smem.store(gl.load(q_ptr + offsets))
-    e_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TILE, D],
+    e_ring = gl.allocate_shared_memory(gl.bfloat16, [0 if STATIC_SLOTS else 2, TILE, D],
                                        gl.NVMMASharedLayout.get_default_for([TILE, D], gl.bfloat16))
     p_ring = gl.allocate_shared_memory(gl.bfloat16, [2 if OVERLAP else 1, BLOCK, TILE],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK, TILE], gl.bfloat16))
 
     n_pos = _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO, TOPK_BLOCK, slots_layout)
-    _issue_gather(e_ring.index(0), kv_ptr, kvc_ptr, idx_ptr, 0, s, b, S, SC, TOPK, WINDOW, n_pos, RATIO, TILE, D,
-                  rows_layout)
+    if not STATIC_SLOTS:
+        _issue_gather(e_ring.index(0), kv_ptr, kvc_ptr, idx_ptr, 0, s, b, S, SC, TOPK, WINDOW, n_pos, RATIO, TILE, D,
+                      rows_layout)
     # log2-domain running max and denominator, started from the sink: exp2(sink - m) = 1.
     heads = head0 + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, s_layout))
     m = gl.load(sink_ptr + heads) * _LOG2E
@@ -149,7 +175,24 @@ def _sparse_attn_fwd_sm90_kernel(
     acc = gl.zeros([BLOCK, D], gl.float32, layout=o_layout)
     logits_zero = gl.zeros([BLOCK, TILE], gl.float32, layout=s_layout)
     n_tiles = gl.cdiv(n_pos, TILE)
-    if OVERLAP:
+    if STATIC_SLOTS:
+        # Two tiles an iteration, from two separately allocated slots (see _attend_from_slot).
+        slot_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, D], gl.bfloat16)
+        slot_a = gl.allocate_shared_memory(gl.bfloat16, [TILE, D], slot_layout)
+        slot_b = gl.allocate_shared_memory(gl.bfloat16, [TILE, D], slot_layout)
+        _issue_gather(slot_a, kv_ptr, kvc_ptr, idx_ptr, 0, s, b, S, SC, TOPK, WINDOW, n_pos, RATIO, TILE, D,
+                      rows_layout)
+        for i in range(0, n_tiles, 2):
+            m, row_sum, partial, acc = _attend_from_slot(
+                q_smem, slot_a, slot_b, p_ring.index(0), kv_ptr, kvc_ptr, idx_ptr, i, n_tiles, s, b, S, SC, TOPK,
+                WINDOW, n_pos, qk_scale, m, row_sum, partial, acc, logits_zero, RATIO, TILE, D, rows_layout, s_layout,
+                o_layout)
+            if i + 1 < n_tiles:
+                m, row_sum, partial, acc = _attend_from_slot(
+                    q_smem, slot_b, slot_a, p_ring.index(0), kv_ptr, kvc_ptr, idx_ptr, i + 1, n_tiles, s, b, S, SC,
+                    TOPK, WINDOW, n_pos, qk_scale, m, row_sum, partial, acc, logits_zero, RATIO, TILE, D, rows_layout,
+                    s_layout, o_layout)
+    elif OVERLAP:
         # Tile 0's logits and P, then per tile i: wait for tile i + 1's entries, issue its logits
         # and tile i's second dot, run its softmax while that dot runs, rescale once it is done.
         async_copy.wait_group(0)
@@ -234,7 +277,8 @@ def launch_forward(q: Tensor, kv: Tensor, kvc: Tensor, indices: Tensor, sink: Te
     grid = (seq, heads // BLOCK_H, batch)
     args = (q, kv, kvc, indices, sink, o, lse, seq, heads, n_comp, topk, window, qk_scale)
     constexprs = {"RATIO": ratio, "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "BLOCK": BLOCK_H,
-                  "TILE": TILE_K, "D": dim, "PARTIAL_SUMS": mode == 2, "OVERLAP": mode == 3,
+                  "TILE": TILE_K, "D": dim, "PARTIAL_SUMS": mode in (2, 4), "OVERLAP": mode == 3,
+                  "STATIC_SLOTS": mode == 4,
                   "num_warps": NUM_WARPS}
     if compile_only:
         _sparse_attn_fwd_sm90_kernel.warmup(*args, grid=grid, **constexprs)
