@@ -9,7 +9,9 @@ this machine (``--gemm-tflops``, default 750, bench/2026-11-29 notes: 700-790); 
 graph-timed compressor, against a copy of its own bytes timed in the same run (results from
 2026-12-02c on).
 
-Usage: python bench/attention_summary.py RESULT_JSON [--gemm-tflops 750] > summary.md
+Usage: python bench/attention_summary.py RESULT_JSON... [--gemm-tflops 750] > summary.md
+(several runs: each launch's row from the last file that has it; the compressor and indexer floors
+use the last file's copy bandwidth)
 """
 
 from __future__ import annotations
@@ -84,10 +86,12 @@ def floor_table(rows: list[dict], copy_gbps: float, gemm_tflops: float) -> list[
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("result")
+    parser.add_argument("result", nargs="+", help="bench results; a later file's row of a launch replaces an earlier's")
     parser.add_argument("--gemm-tflops", type=float, default=750.0)
     args = parser.parse_args()
-    report = json.loads(Path(args.result).read_text())
+    reports = [json.loads(Path(path).read_text()) for path in args.result]
+    report = {"rows": list({(r["kernel"], r["shape"]): r for rep in reports for r in rep["rows"]}.values()),
+              "copy_gbps": reports[-1]["copy_gbps"]}
     lines, speedups = attention_table(report["rows"])
     print("### Sparse attention (`ms | TFLOP/s`)\n")
     print("\n".join(lines))

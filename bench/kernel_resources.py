@@ -89,10 +89,24 @@ def loop_bodies(sass: str) -> list[int]:
     return bodies
 
 
+def loop_barriers(sass: str) -> list[int]:
+    """CTA barriers (``BAR.SYNC``) in each loop body of ``loop_bodies``, in the same order: where
+    the warps of a block wait for each other every iteration."""
+    lines = sass.splitlines()
+    addressed = [(int(a.group(1), 16), line) for line in lines if (a := _SASS_ADDRESS.search(line))]
+    counts = []
+    for line in lines:
+        address, branch = _SASS_ADDRESS.search(line), _BACKWARD_BRANCH.search(line)
+        if address and branch and int(branch.group(1), 16) < int(address.group(1), 16):
+            low, high = int(branch.group(1), 16), int(address.group(1), 16)
+            counts.append(sum(low <= at <= high and "BAR.SYNC" in text for at, text in addressed))
+    return counts
+
+
 def _sass_counts(cubin: bytes) -> dict[str, Any]:
     sass = _cuobjdump(cubin, "-sass")
     return {"hgmma": len(re.findall(r"\bHGMMA\.", sass)), "hmma": len(re.findall(r"\bHMMA\.", sass)),
-            "loop_instructions": loop_bodies(sass)}
+            "loop_instructions": loop_bodies(sass), "loop_barriers": loop_barriers(sass)}
 
 
 def _registers_and_spills(compiled: Any, offline: bool) -> tuple[int, int]:
@@ -189,13 +203,14 @@ def agreement_table(rows: list[dict[str, Any]]) -> str:
 def resources_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one line per compiled kernel of each (launch, shape, variant)."""
     lines = ["| launch | shape | variant | Triton kernel | registers | spilled B | shared KiB | warps | stages "
-             "| programs / SM | wgmma | mma.sync | loop bodies (instructions) |", "|" + "---|" * 13]
+             "| programs / SM | wgmma | mma.sync | loop bodies (instructions) | loop CTA barriers |", "|" + "---|" * 14]
     for r in rows:
         for fn, k in r["triton_kernels"].items():
             lines.append(f"| {r['kernel']} | {r['shape']} | {r['variant']} | {fn} | {k['n_regs']} | {k['spilled_bytes']} "
                          f"| {k['shared_bytes'] / 1024:.0f} | {k['num_warps']} | {k['num_stages']} "
                          f"| {k['programs_per_sm']} | {k['hgmma']} | {k['hmma']} "
-                         f"| {', '.join(map(str, k.get('loop_instructions', [])))} |")
+                         f"| {', '.join(map(str, k.get('loop_instructions', [])))} "
+                         f"| {', '.join(map(str, k.get('loop_barriers', [])))} |")
     return "\n".join(lines) + "\n"
 
 

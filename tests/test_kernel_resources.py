@@ -1,8 +1,8 @@
-"""``bench/kernel_resources.py``'s loop bodies, read from SASS: each backward branch's span."""
+"""``bench/kernel_resources.py``'s loop bodies and their barriers, read from SASS: each backward branch's span."""
 
 from __future__ import annotations
 
-from bench.kernel_resources import loop_bodies
+from bench.kernel_resources import loop_barriers, loop_bodies
 
 # Shaped like cuobjdump -sass: 16-byte instructions, one predicated backward branch (a loop of
 # 0x2000..0x2740), one forward branch and the trailing self-branch at the end of every kernel.
@@ -21,3 +21,13 @@ def test_loop_bodies_count_each_backward_branch_span_only():
 
 def test_no_loop_no_body():
     assert loop_bodies("        /*0000*/  EXIT ;\n        /*0010*/  BRA 0x10;\n") == []
+
+
+def test_loop_barriers_count_the_bar_syncs_inside_each_body():
+    sass = SASS.replace(
+        "        /*2000*/", "        /*1ff0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;\n"
+        "        /*2010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;\n"
+        "        /*2020*/                   DEPBAR.LE SB0, 0x0 ;\n"
+        "        /*2030*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;\n        /*2000*/")
+    assert loop_barriers(sass) == [2]  # the one at 0x1ff0 is before the loop; DEPBAR is no CTA barrier
+    assert loop_barriers(SASS) == [0]
