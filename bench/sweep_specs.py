@@ -299,7 +299,7 @@ def indexer_late_sum_specs() -> list[tuple[str, dict]]:
 # tile lengths and stages of the tuned configs, at the six sequence-4,096 shapes.
 ATTENTION_FWD_LAZY_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "TAIL_K": [0], "num_warps": [8],
                             "num_stages": [1, 2], "RESCALE_SLACK": [0, 8], "UNCHAINED": [0], "PTX_BARRIER": [0],
-                            "GLUON": [0], "maxnreg": [None]}
+                            "GLUON": [0], "LATE_FIRST": [0], "maxnreg": [None]}
 
 
 def attention_fwd_grid_specs(name: str, seq: int, space: dict) -> list[tuple[str, dict]]:
@@ -315,7 +315,7 @@ ATTENTION_FWD_TILES_SPACE = ATTENTION_FWD_LAZY_SPACE | {"RESCALE_SLACK": [0]}
 # blocks, tile lengths, warps and a third stage, at its four shapes.
 ATTENTION_FWD_HCA_SPACE = {"BLOCK_H": [32, 64], "TILE_K": [16, 32, 64], "TAIL_K": [0], "num_warps": [4, 8],
                            "num_stages": [2, 3], "RESCALE_SLACK": [0], "UNCHAINED": [0], "PTX_BARRIER": [0],
-                           "GLUON": [0], "maxnreg": [None]}
+                           "GLUON": [0], "LATE_FIRST": [0], "maxnreg": [None]}
 
 
 def attention_fwd_hca_specs() -> list[tuple[str, dict]]:
@@ -328,9 +328,10 @@ def attention_fwd_hca_specs() -> list[tuple[str, dict]]:
 # 32 (sequence 4,096) or 64 compressed ones, a CSA query's below sequence 4 * topk ragged.
 ATTENTION_FWD_TAIL_SPACES = {  # by compress ratio
     128: {"BLOCK_H": [32, 64], "TILE_K": [32, 64], "TAIL_K": [0, 16, 32], "num_warps": [4, 8], "num_stages": [2, 3],
-          "RESCALE_SLACK": [0], "UNCHAINED": [0], "PTX_BARRIER": [0], "GLUON": [0], "maxnreg": [None]},
+          "RESCALE_SLACK": [0], "UNCHAINED": [0], "PTX_BARRIER": [0], "GLUON": [0], "LATE_FIRST": [0],
+          "maxnreg": [None]},
     4: {"BLOCK_H": [64], "TILE_K": [64], "TAIL_K": [0, 16, 32], "num_warps": [8], "num_stages": [1, 2],
-        "RESCALE_SLACK": [0], "UNCHAINED": [0], "PTX_BARRIER": [0], "GLUON": [0], "maxnreg": [None]},
+        "RESCALE_SLACK": [0], "UNCHAINED": [0], "PTX_BARRIER": [0], "GLUON": [0], "LATE_FIRST": [0], "maxnreg": [None]},
 }
 
 
@@ -339,7 +340,7 @@ ATTENTION_FWD_TAIL_SPACES = {  # by compress ratio
 # stages), at all twelve shapes.
 ATTENTION_FWD_UNCHAINED_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "TAIL_K": [0, 32], "num_warps": [8],
                                  "num_stages": [1, 2], "RESCALE_SLACK": [0], "UNCHAINED": [0, 1], "PTX_BARRIER": [0],
-                                 "GLUON": [0], "maxnreg": [None]}
+                                 "GLUON": [0], "LATE_FIRST": [0], "maxnreg": [None]}
 
 
 def attention_fwd_unchained_specs(name: str = "unchained", space: dict = ATTENTION_FWD_UNCHAINED_SPACE
@@ -369,6 +370,9 @@ ATTENTION_FWD_GLUON_MODES_SPACE = ATTENTION_FWD_GLUON_SPACE | {"TAIL_K": [0], "U
 # Mode 2 (partial sums) won the CSA forwards, 3 (overlapped) the others: both beside mode 4 (2 from
 # static ring slots, four CTA barriers a tile instead of six).
 ATTENTION_FWD_GLUON_SLOTS_SPACE = ATTENTION_FWD_GLUON_MODES_SPACE | {"GLUON": [2, 3, 4]}
+# The programs of the last queries first (LATE_FIRST 1, not yet run on a GPU) with the Gluon modes
+# that won (3 at the window and HCA shapes, 4 at the CSA ones), and in order.
+ATTENTION_FWD_LATE_FIRST_SPACE = ATTENTION_FWD_GLUON_MODES_SPACE | {"GLUON": [3, 4], "LATE_FIRST": [0, 1]}
 
 
 def attention_fwd_tail_specs() -> list[tuple[str, dict]]:
@@ -523,6 +527,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "attention-gluon": lambda: attention_fwd_unchained_specs("gluon", ATTENTION_FWD_GLUON_SPACE),
     "attention-gluon-modes": lambda: attention_fwd_unchained_specs("gluon-modes", ATTENTION_FWD_GLUON_MODES_SPACE),
     "attention-gluon-slots": lambda: attention_fwd_unchained_specs("gluon-slots", ATTENTION_FWD_GLUON_SLOTS_SPACE),
+    "attention-late-first": lambda: attention_fwd_unchained_specs("late-first", ATTENTION_FWD_LATE_FIRST_SPACE),
     "compressor": compressor_specs,
     "router-argmax": router_argmax_specs,
     "search-efficiency": search_efficiency_specs,

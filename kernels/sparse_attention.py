@@ -264,9 +264,9 @@ def _sparse_attn_fwd_kernel(
     S, H, SC, TOPK, WINDOW, qk_scale,
     RATIO: tl.constexpr, BLOCK_H: tl.constexpr, TILE_K: tl.constexpr, TAIL_K: tl.constexpr,
     RESCALE_SLACK: tl.constexpr, UNCHAINED: tl.constexpr, PTX_BARRIER: tl.constexpr, TOPK_BLOCK: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, LATE_FIRST: tl.constexpr,
 ):
-    s = tl.program_id(0)
+    s = S - 1 - tl.program_id(0) if LATE_FIRST else tl.program_id(0)
     b = tl.program_id(2)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_mask = heads < H
@@ -476,7 +476,7 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
         _check_gluon(config, heads)
         sparse_attention_sm90.launch_forward(q, kv, kv if kvc is None else kvc, kv if indices is None else indices,
                                              sink, o, lse, n_comp, topk, ratio, window, SOFTMAX_SCALE * _LOG2E,
-                                             config["GLUON"], compile_only)
+                                             config["GLUON"], bool(config.get("LATE_FIRST")), compile_only)
         return o, lse
     launch(
         _sparse_attn_fwd_kernel,
@@ -484,7 +484,8 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
         (q, kv, kv if kvc is None else kvc, kv if indices is None else indices, sink, o, lse,
          seq, heads, n_comp, topk, window, SOFTMAX_SCALE * _LOG2E),
         {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "TAIL_K": config.get("TAIL_K", 0),
-         "RESCALE_SLACK": config.get("RESCALE_SLACK", 0), **_entry_constexprs(config, heads, topk)},
+         "RESCALE_SLACK": config.get("RESCALE_SLACK", 0), "LATE_FIRST": bool(config.get("LATE_FIRST")),
+         **_entry_constexprs(config, heads, topk)},
         config,
         compile_only,
     )
@@ -859,7 +860,8 @@ def _default_fwd_config(shape: Shape) -> Config:
     block_h = min(64, max(16, triton.next_power_of_2(shape["heads"])))
     entries = _max_entries(shape["ratio"], shape["seq"], shape["topk"], shape["window"])
     return {"BLOCK_H": block_h, "TILE_K": 32 if entries > 16 else 16, "num_warps": 8 if block_h == 64 else 4,
-            "num_stages": 2, "TAIL_K": 0, "RESCALE_SLACK": 0, "UNCHAINED": 0, "PTX_BARRIER": 0, "GLUON": 0}
+            "num_stages": 2, "TAIL_K": 0, "RESCALE_SLACK": 0, "UNCHAINED": 0, "PTX_BARRIER": 0, "GLUON": 0,
+            "LATE_FIRST": 0}
 
 
 def _default_bwd_config(shape: Shape) -> Config:

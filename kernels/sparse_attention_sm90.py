@@ -1,4 +1,4 @@
-"""The sparse-attention forward for Hopper (sm_90), written in Gluon (``GLUON`` 1 in its config).
+"""The sparse-attention forward for Hopper (sm_90), written in Gluon (``GLUON`` 1-4 in its config).
 
 The Triton kernel (``kernels.sparse_attention``) cannot choose how its two dots are laid out over
 the warps. At 64 heads on 8 warps Triton puts all 8 along the 64 head rows of ``Q E^T``, so both
@@ -136,7 +136,7 @@ def _sparse_attn_fwd_sm90_kernel(
     q_ptr, kv_ptr, kvc_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr,
     S, H, SC, TOPK, WINDOW, qk_scale,
     RATIO: gl.constexpr, TOPK_BLOCK: gl.constexpr, BLOCK: gl.constexpr, TILE: gl.constexpr, D: gl.constexpr,
-    PARTIAL_SUMS: gl.constexpr, OVERLAP: gl.constexpr, STATIC_SLOTS: gl.constexpr,
+    PARTIAL_SUMS: gl.constexpr, OVERLAP: gl.constexpr, STATIC_SLOTS: gl.constexpr, LATE_FIRST: gl.constexpr,
 ):
     """OVERLAP: tile i + 1's logits and softmax run while tile i's second dot is in flight (both
     dots issued asynchronously, the logits first, so that waiting for them leaves the second dot
@@ -148,7 +148,7 @@ def _sparse_attn_fwd_sm90_kernel(
                                                        instr_shape=[16, TILE // 2, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                        instr_shape=[16, D // 2, 16])
-    s = gl.program_id(0)
+    s = S - 1 - gl.program_id(0) if LATE_FIRST else gl.program_id(0)
     b = gl.program_id(2)
     head0 = gl.program_id(1) * BLOCK
 
@@ -269,16 +269,16 @@ def fits(config: dict, heads: int) -> str | None:
 
 
 def launch_forward(q: Tensor, kv: Tensor, kvc: Tensor, indices: Tensor, sink: Tensor, o: Tensor, lse: Tensor,
-                   n_comp: int, topk: int, ratio: int, window: int, qk_scale: float, mode: int,
+                   n_comp: int, topk: int, ratio: int, window: int, qk_scale: float, mode: int, late_first: bool,
                    compile_only: bool) -> None:
     """Fill ``o`` and ``lse`` (``kernels.sparse_attention._forward``'s buffers) on an sm_90 GPU in
-    GLUON ``mode`` (see MODES)."""
+    GLUON ``mode`` (see MODES), the last queries' programs first where ``late_first``."""
     batch, seq, heads, dim = q.shape
     grid = (seq, heads // BLOCK_H, batch)
     args = (q, kv, kvc, indices, sink, o, lse, seq, heads, n_comp, topk, window, qk_scale)
     constexprs = {"RATIO": ratio, "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "BLOCK": BLOCK_H,
                   "TILE": TILE_K, "D": dim, "PARTIAL_SUMS": mode in (2, 4), "OVERLAP": mode == 3,
-                  "STATIC_SLOTS": mode == 4,
+                  "STATIC_SLOTS": mode == 4, "LATE_FIRST": late_first,
                   "num_warps": NUM_WARPS}
     if compile_only:
         _sparse_attn_fwd_sm90_kernel.warmup(*args, grid=grid, **constexprs)

@@ -171,14 +171,15 @@ GLUON_CONFIG = {"BLOCK_H": 64, "TILE_K": 64, "num_warps": 8, "num_stages": 2, "G
                                                                              512, 128)],
                          ids=["window", "csa", "hca", "csa-512"])
 def test_gluon_forward_matches_eager(batch, seq, heads, ratio, topk, window):
-    """The sm_90 Gluon form in each mode: both ring slots reused over several tiles (the first
-    queries have one tile, all in the overlapped mode's prologue), partial last tiles, CSA tiles
-    that mix window and picks (queries with only -1 picks, queries with fewer than topk), two head
-    blocks and B = 2, logits spread over tens of log2 units."""
+    """The sm_90 Gluon form in each mode, its programs in order and last query first: both ring
+    slots reused over several tiles (the first queries have one tile, all in the overlapped mode's
+    prologue), partial last tiles, CSA tiles that mix window and picks (queries with only -1
+    picks, queries with fewer than topk), two head blocks and B = 2, logits spread over tens of
+    log2 units."""
     p = _problem(batch, seq, heads, ratio, topk, window, seed=29)
     q = (p["q"].float() * 12).to(torch.bfloat16)
-    for mode in sparse_attention_sm90.MODES:
-        _assert_forward_matches(q, p, ratio, window, {**GLUON_CONFIG, "GLUON": mode})
+    for mode, late_first in itertools.product(sparse_attention_sm90.MODES, (0, 1)):
+        _assert_forward_matches(q, p, ratio, window, {**GLUON_CONFIG, "GLUON": mode, "LATE_FIRST": late_first})
 
 
 def test_gluon_forward_says_where_it_cannot_run():
@@ -190,6 +191,15 @@ def test_gluon_forward_says_where_it_cannot_run():
     assert sparse_attention_sm90.fits({**GLUON_CONFIG, "TILE_K": 32, "UNCHAINED": 1}, 96) == (
         "TILE_K 32 (it needs 64); UNCHAINED 1 (it needs 0); heads 96 (it needs a multiple of 64)")
     assert sparse_attention_sm90.fits({**GLUON_CONFIG, "GLUON": 5}, 64) == "GLUON 5 (it is one of 1, 2, 3, 4)"
+
+
+@pytest.mark.parametrize(("seq", "ratio", "topk", "window"), [(37, 0, 0, 5), (70, sparse_attention.CSA_RATIO, 6, 9)],
+                         ids=["window", "csa"])
+def test_late_first_programs_match_eager(seq, ratio, topk, window):
+    """LATE_FIRST: program i computes query seq - 1 - i, and each query still lands in its own rows."""
+    p = _problem(2, seq, 3, ratio, topk, window, seed=31)
+    config = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "LATE_FIRST": 1}
+    _assert_forward_matches(p["q"], p, ratio, window, config)
 
 
 def test_csa_picks_end_at_the_first_padding():
