@@ -78,29 +78,28 @@ _SASS_ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
 _BACKWARD_BRANCH = re.compile(r"\bBRA\s+(?:!?U?P\w+,\s*)?0x([0-9a-f]+)")
 
 
-def loop_bodies(sass: str) -> list[int]:
-    """Instructions of each loop body in SASS (from a backward branch's target to the branch), by
-    address: what one iteration issues, where a kernel's static size says little."""
-    bodies = []
+def _loop_spans(sass: str) -> list[tuple[int, int]]:
+    """Address spans of each loop in SASS, from a backward branch's target to the branch."""
+    spans = []
     for line in sass.splitlines():
         address, branch = _SASS_ADDRESS.search(line), _BACKWARD_BRANCH.search(line)
         if address and branch and int(branch.group(1), 16) < int(address.group(1), 16):
-            bodies.append((int(address.group(1), 16) - int(branch.group(1), 16)) // 16 + 1)  # 16-byte instructions
-    return bodies
+            spans.append((int(branch.group(1), 16), int(address.group(1), 16)))
+    return spans
+
+
+def loop_bodies(sass: str) -> list[int]:
+    """Instructions of each loop body in SASS (from a backward branch's target to the branch), by
+    address: what one iteration issues, where a kernel's static size says little."""
+    return [(high - low) // 16 + 1 for low, high in _loop_spans(sass)]  # 16-byte instructions
 
 
 def loop_barriers(sass: str) -> list[int]:
     """CTA barriers (``BAR.SYNC``) in each loop body of ``loop_bodies``, in the same order: where
     the warps of a block wait for each other every iteration."""
-    lines = sass.splitlines()
-    addressed = [(int(a.group(1), 16), line) for line in lines if (a := _SASS_ADDRESS.search(line))]
-    counts = []
-    for line in lines:
-        address, branch = _SASS_ADDRESS.search(line), _BACKWARD_BRANCH.search(line)
-        if address and branch and int(branch.group(1), 16) < int(address.group(1), 16):
-            low, high = int(branch.group(1), 16), int(address.group(1), 16)
-            counts.append(sum(low <= at <= high and "BAR.SYNC" in text for at, text in addressed))
-    return counts
+    barriers = [int(a.group(1), 16) for line in sass.splitlines()
+                if "BAR.SYNC" in line and (a := _SASS_ADDRESS.search(line))]
+    return [sum(low <= at <= high for at in barriers) for low, high in _loop_spans(sass)]
 
 
 def _sass_counts(cubin: bytes) -> dict[str, Any]:

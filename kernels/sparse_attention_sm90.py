@@ -140,7 +140,8 @@ def _sparse_attn_fwd_sm90_kernel(
 ):
     """OVERLAP: tile i + 1's logits and softmax run while tile i's second dot is in flight (both
     dots issued asynchronously, the logits first, so that waiting for them leaves the second dot
-    running), with two P tiles; else each tile's dots and softmax in turn."""
+    running), with two P tiles; else each tile's dots and softmax in turn, from a two-slot ring or,
+    with STATIC_SLOTS, from two slots allocated apart, two tiles a loop (``_attend_from_slot``)."""
     # [rows, 512] tiles moved 16 bytes a thread; both dots split over the warpgroups along N.
     rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [8, 1], [1, 0])
     slots_layout: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
@@ -158,8 +159,9 @@ def _sparse_attn_fwd_sm90_kernel(
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK, D],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK, D], gl.bfloat16))
     q_smem.store(gl.load(q_ptr + offsets))
-    e_ring = gl.allocate_shared_memory(gl.bfloat16, [0 if STATIC_SLOTS else 2, TILE, D],
-                                       gl.NVMMASharedLayout.get_default_for([TILE, D], gl.bfloat16))
+    if not STATIC_SLOTS:
+        e_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TILE, D],
+                                           gl.NVMMASharedLayout.get_default_for([TILE, D], gl.bfloat16))
     p_ring = gl.allocate_shared_memory(gl.bfloat16, [2 if OVERLAP else 1, BLOCK, TILE],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK, TILE], gl.bfloat16))
 
@@ -230,6 +232,9 @@ def _sparse_attn_fwd_sm90_kernel(
         last = (n_tiles - 1) % 2
         acc = warpgroup_mma(p_ring.index(last), e_ring.index(last), acc)
     else:
+        # _attend_from_slot's steps written out for the ring, with a fenced wait and each slice
+        # taken where it is used (taken up front, as arguments, they compile to a different
+        # schedule from the one the 2026-12-03c sweeps measured).
         for i in range(n_tiles):
             # Tile i has landed (this thread's copies; the barrier makes every thread's visible),
             # and every warp is past tile i - 1's second dot, so its ring slot and P tile are free.
