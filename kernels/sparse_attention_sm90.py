@@ -34,7 +34,8 @@ NUM_WARPS = 8
 # P (no cross-warpgroup sum a tile); 3 as 1 with a tile's softmax overlapping the previous tile's
 # second dot (see the kernel); 4 as 2 from two separately allocated ring slots, two tiles an
 # iteration, which spares two of its six CTA barriers a tile (_attend_from_slot). Partial sums and
-# the overlap together crash Triton 3.6's ptxas (offline sm_90: SIGSEGV; CUDA 13.0's compiles it).
+# the overlap together crash Triton 3.6's ptxas (offline sm_90, error code -11; CUDA 13.0's compiles
+# them: bench/gluon_partial_sums_overlap_ptxas.py).
 MODES = (1, 2, 3, 4)
 _CSA_RATIO = gl.constexpr(4)
 _LOG2E = gl.constexpr(math.log2(math.e))
