@@ -370,9 +370,10 @@ ATTENTION_FWD_GLUON_MODES_SPACE = ATTENTION_FWD_GLUON_SPACE | {"TAIL_K": [0], "U
 # Mode 2 (partial sums) won the CSA forwards, 3 (overlapped) the others: both beside mode 4 (2 from
 # static ring slots, four CTA barriers a tile instead of six).
 ATTENTION_FWD_GLUON_SLOTS_SPACE = ATTENTION_FWD_GLUON_MODES_SPACE | {"GLUON": [2, 3, 4]}
-# The programs of the last queries first (LATE_FIRST 1, not yet run on a GPU) with the Gluon modes
-# that won (3 at the window and HCA shapes, 4 at the CSA ones), and in order.
-ATTENTION_FWD_LATE_FIRST_SPACE = ATTENTION_FWD_GLUON_MODES_SPACE | {"GLUON": [3, 4], "LATE_FIRST": [0, 1]}
+# The persistent mode 5 (one program an SM, each item's Q and first tile copied in during the
+# previous item) beside the modes that won (3 at the window and HCA shapes, 4 at the CSA ones),
+# each with the last queries first (LATE_FIRST 1) and in order.
+ATTENTION_FWD_PERSISTENT_SPACE = ATTENTION_FWD_GLUON_MODES_SPACE | {"GLUON": [3, 4, 5], "LATE_FIRST": [0, 1]}
 
 
 def attention_fwd_tail_specs() -> list[tuple[str, dict]]:
@@ -527,7 +528,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "attention-gluon": lambda: attention_fwd_unchained_specs("gluon", ATTENTION_FWD_GLUON_SPACE),
     "attention-gluon-modes": lambda: attention_fwd_unchained_specs("gluon-modes", ATTENTION_FWD_GLUON_MODES_SPACE),
     "attention-gluon-slots": lambda: attention_fwd_unchained_specs("gluon-slots", ATTENTION_FWD_GLUON_SLOTS_SPACE),
-    "attention-late-first": lambda: attention_fwd_unchained_specs("late-first", ATTENTION_FWD_LATE_FIRST_SPACE),
+    "attention-persistent": lambda: attention_fwd_unchained_specs("persistent", ATTENTION_FWD_PERSISTENT_SPACE),
     "compressor": compressor_specs,
     "router-argmax": router_argmax_specs,
     "search-efficiency": search_efficiency_specs,
