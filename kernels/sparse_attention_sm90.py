@@ -321,11 +321,10 @@ def _ring_tile_softmax(q_smem, e_ring, p_smem, kv_ptr, kvc_ptr, idx_ptr, i, slot
                        TILE: gl.constexpr, D: gl.constexpr, rows_layout: gl.constexpr, s_layout: gl.constexpr):
     """GLUON 5's tile i (in ring slot ``slot``) up to P in shared memory, tile i + 1's gather
     started into the other slot where GATHER_NEXT; ends with every warp past its first dot."""
-    # Tile i (and, first, the item's Q) has landed, and every warp is past tile i - 1's second dot
-    # (or the previous item's staged output), so the other slot is free.
+    # Tile i (and, first, the item's Q) has landed; as in _attend_from_slot, Triton puts a CTA
+    # barrier after the wait, past which every warp is done with tile i - 1's second dot (or the
+    # previous item's staged output), so the other slot is free.
     async_copy.wait_group(0)
-    fence_async_shared()
-    _cta_barrier()
     if GATHER_NEXT:
         _issue_gather(e_ring.index(1 - slot), kv_ptr, kvc_ptr, idx_ptr, (i + 1) * TILE, s, b, S, SC, TOPK, WINDOW,
                       n_pos, RATIO, TILE, D, rows_layout)
