@@ -96,15 +96,23 @@ def _issue_gather(buffer, kv_ptr, kvc_ptr, idx_ptr, p0, s, b, S, SC, TOPK, WINDO
 
 
 @gluon.jit
-def _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO: gl.constexpr, TOPK_BLOCK: gl.constexpr,
-                 slots_layout: gl.constexpr):
+def _read_picks(idx_ptr, b, s, S, TOPK, RATIO: gl.constexpr, TOPK_BLOCK: gl.constexpr, slots_layout: gl.constexpr):
+    """CSA query s's picks that it may read (-1 past them), loaded apart from ``_entry_count`` so
+    that a kernel can read them ahead of the count."""
+    n_read = gl.minimum(TOPK, (s + 1) // RATIO)
+    slots = gl.arange(0, TOPK_BLOCK, layout=slots_layout)
+    return gl.load(idx_ptr + (b * S + s).to(gl.int64) * TOPK + slots, mask=slots < n_read, other=-1)
+
+
+@gluon.jit
+def _entry_count(s, TOPK, WINDOW, picks, RATIO: gl.constexpr, TOPK_BLOCK: gl.constexpr, slots_layout: gl.constexpr):
     """Entry positions of query s (as ``kernels.sparse_attention._entry_count``): its window, then
-    its compressed slots up to the first -1 pick (CSA) or every closed group (HCA)."""
+    its compressed slots up to the first -1 of its ``picks`` (CSA; ``_read_picks``, else unused)
+    or every closed group (HCA)."""
     n = gl.minimum(s + 1, WINDOW)
     if RATIO == _CSA_RATIO:
         n_read = gl.minimum(TOPK, (s + 1) // RATIO)
         slots = gl.arange(0, TOPK_BLOCK, layout=slots_layout)
-        picks = gl.load(idx_ptr + (b * S + s).to(gl.int64) * TOPK + slots, mask=slots < n_read, other=-1)
         n += gl.min(gl.where((picks < 0) & (slots < n_read), slots, n_read), axis=0)
     elif RATIO != 0:
         n += (s + 1) // RATIO
@@ -200,7 +208,8 @@ def _sparse_attn_fwd_sm90_kernel(
     p_ring = gl.allocate_shared_memory(gl.bfloat16, [2 if OVERLAP else 1, BLOCK, TILE],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK, TILE], gl.bfloat16))
 
-    n_pos = _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO, TOPK_BLOCK, slots_layout)
+    picks = _read_picks(idx_ptr, b, s, S, TOPK, RATIO, TOPK_BLOCK, slots_layout) if RATIO == _CSA_RATIO else 0
+    n_pos = _entry_count(s, TOPK, WINDOW, picks, RATIO, TOPK_BLOCK, slots_layout)
     if not STATIC_SLOTS:
         _issue_gather(e_ring.index(0), kv_ptr, kvc_ptr, idx_ptr, 0, s, b, S, SC, TOPK, WINDOW, n_pos, RATIO, TILE, D,
                       rows_layout)
@@ -368,7 +377,8 @@ def _sparse_attn_fwd_sm90_persistent_kernel(
     s, head_block, b = _work_item(gl.program_id(0), B, n_head_blocks, S, LATE_FIRST)
     _issue_item_start(q_smem, e_ring.index(0), q_ptr, kv_ptr, kvc_ptr, idx_ptr, s, head_block, b, S, H, SC, TOPK,
                       WINDOW, RATIO, BLOCK, TILE, D, rows_layout)
-    n_pos = _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO, TOPK_BLOCK, slots_layout)
+    picks = _read_picks(idx_ptr, b, s, S, TOPK, RATIO, TOPK_BLOCK, slots_layout) if RATIO == _CSA_RATIO else 0
+    n_pos = _entry_count(s, TOPK, WINDOW, picks, RATIO, TOPK_BLOCK, slots_layout)
     slot = 0  # the ring slot of the item's first tile; tiles alternate slots across items
     for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
         heads = head_block * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, s_layout))
@@ -394,9 +404,12 @@ def _sparse_attn_fwd_sm90_persistent_kernel(
         if next_item < n_items:
             _issue_item_start(q_smem, e_ring.index(1 - last), q_ptr, kv_ptr, kvc_ptr, idx_ptr, s_next, head_block_next,
                               b_next, S, H, SC, TOPK, WINDOW, RATIO, BLOCK, TILE, D, rows_layout)
+        # The next item's picks load during the second dot; its count is taken after it.
+        if RATIO == _CSA_RATIO:
+            picks = _read_picks(idx_ptr, b_next, s_next, S, TOPK, RATIO, TOPK_BLOCK, slots_layout)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         acc = warpgroup_mma(p_smem, e_ring.index(last), acc)
-        n_pos_next = _entry_count(idx_ptr, b_next, s_next, S, TOPK, WINDOW, RATIO, TOPK_BLOCK, slots_layout)
+        n_pos_next = _entry_count(s_next, TOPK, WINDOW, picks, RATIO, TOPK_BLOCK, slots_layout)
         denom = row_sum + gl.sum(partial, axis=1)
         out = acc / gl.convert_layout(denom, gl.SliceLayout(1, o_layout))[:, None]
         # Every warp is past the last second dot: its slot stages the output.
