@@ -175,7 +175,8 @@ def test_gluon_forward_matches_eager(batch, seq, heads, ratio, topk, window):
     slots reused over several tiles (the first queries have one tile, all in the overlapped mode's
     prologue), partial last tiles, CSA tiles that mix window and picks (queries with only -1
     picks, queries with fewer than topk), two head blocks and B = 2, logits spread over tens of
-    log2 units."""
+    log2 units. The persistent mode 5 takes several items a program here (600-1,200 items, one
+    program an SM), so each item's Q and first tile come from the previous item's prefetch."""
     p = _problem(batch, seq, heads, ratio, topk, window, seed=29)
     q = (p["q"].float() * 12).to(torch.bfloat16)
     for mode, late_first in itertools.product(sparse_attention_sm90.MODES, (0, 1)):
