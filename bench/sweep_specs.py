@@ -374,6 +374,9 @@ ATTENTION_FWD_GLUON_SLOTS_SPACE = ATTENTION_FWD_GLUON_MODES_SPACE | {"GLUON": [2
 # previous item) beside the modes that won (3 at the window and HCA shapes, 4 at the CSA ones),
 # each with the last queries first (LATE_FIRST 1) and in order.
 ATTENTION_FWD_PERSISTENT_SPACE = ATTENTION_FWD_GLUON_MODES_SPACE | {"GLUON": [3, 4, 5], "LATE_FIRST": [0, 1]}
+# Mode 5 lost the CSA forwards to 4 (it spills there): 4 with its start overlapped (6) beside both,
+# in order only (last-first lost everywhere).
+ATTENTION_FWD_EARLY_START_SPACE = ATTENTION_FWD_GLUON_MODES_SPACE | {"GLUON": [4, 5, 6], "LATE_FIRST": [0]}
 
 
 def attention_fwd_tail_specs() -> list[tuple[str, dict]]:
@@ -529,6 +532,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "attention-gluon-modes": lambda: attention_fwd_unchained_specs("gluon-modes", ATTENTION_FWD_GLUON_MODES_SPACE),
     "attention-gluon-slots": lambda: attention_fwd_unchained_specs("gluon-slots", ATTENTION_FWD_GLUON_SLOTS_SPACE),
     "attention-persistent": lambda: attention_fwd_unchained_specs("persistent", ATTENTION_FWD_PERSISTENT_SPACE),
+    "attention-early-start": lambda: attention_fwd_unchained_specs("early-start", ATTENTION_FWD_EARLY_START_SPACE),
     "compressor": compressor_specs,
     "router-argmax": router_argmax_specs,
     "search-efficiency": search_efficiency_specs,

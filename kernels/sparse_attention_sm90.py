@@ -41,8 +41,9 @@ NUM_WARPS = 8
 # iteration, which spares two of its six CTA barriers a tile (_attend_from_slot). Partial sums and
 # the overlap together crash Triton 3.6's ptxas (offline sm_90, error code -11; CUDA 13.0's compiles
 # them: bench/gluon_partial_sums_overlap_ptxas.py); 5 as 2 in a persistent program an SM that
-# copies each work item's Q and first tile in while the previous item finishes.
-MODES = (1, 2, 3, 4, 5)
+# copies each work item's Q and first tile in while the previous item finishes; 6 as 4 with its
+# start overlapped (Q and the first tile copied asynchronously while the picks are counted).
+MODES = (1, 2, 3, 4, 5, 6)
 _CSA_RATIO = gl.constexpr(4)
 _LOG2E = gl.constexpr(math.log2(math.e))
 _LN2 = gl.constexpr(math.log(2.0))
@@ -184,9 +185,12 @@ def _sparse_attn_fwd_sm90_kernel(
     q_ptr, kv_ptr, kvc_ptr, idx_ptr, sink_ptr, o_ptr, lse_ptr,
     S, H, SC, TOPK, WINDOW, qk_scale,
     RATIO: gl.constexpr, TOPK_BLOCK: gl.constexpr, BLOCK: gl.constexpr, TILE: gl.constexpr, D: gl.constexpr,
-    PARTIAL_SUMS: gl.constexpr, OVERLAP: gl.constexpr, STATIC_SLOTS: gl.constexpr, LATE_FIRST: gl.constexpr,
+    PARTIAL_SUMS: gl.constexpr, OVERLAP: gl.constexpr, STATIC_SLOTS: gl.constexpr, EARLY_START: gl.constexpr,
+    LATE_FIRST: gl.constexpr,
 ):
-    """OVERLAP: tile i + 1's logits and softmax run while tile i's second dot is in flight (both
+    """EARLY_START (with STATIC_SLOTS): Q and the first tile are copied asynchronously, the tile
+    up to the entry bound (as GLUON 5 starts its items), while the picks are counted: the
+    program's start then waits on memory once, not three times in a row. OVERLAP: tile i + 1's logits and softmax run while tile i's second dot is in flight (both
     dots issued asynchronously, the logits first, so that waiting for them leaves the second dot
     running), with two P tiles; else each tile's dots and softmax in turn, from a two-slot ring or,
     with STATIC_SLOTS, from two slots allocated apart, two tiles a loop (``_attend_from_slot``)."""
@@ -201,7 +205,14 @@ def _sparse_attn_fwd_sm90_kernel(
     offsets = _q_offsets(s, head0, b, S, H, BLOCK, D, rows_layout)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK, D],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK, D], gl.bfloat16))
-    q_smem.store(gl.load(q_ptr + offsets))
+    if EARLY_START:
+        slot_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, D], gl.bfloat16)
+        slot_a = gl.allocate_shared_memory(gl.bfloat16, [TILE, D], slot_layout)
+        slot_b = gl.allocate_shared_memory(gl.bfloat16, [TILE, D], slot_layout)
+        _issue_item_start(q_smem, slot_a, q_ptr, kv_ptr, kvc_ptr, idx_ptr, s, gl.program_id(1), b, S, H, SC, TOPK,
+                          WINDOW, RATIO, BLOCK, TILE, D, rows_layout)
+    else:
+        q_smem.store(gl.load(q_ptr + offsets))
     if not STATIC_SLOTS:
         e_ring = gl.allocate_shared_memory(gl.bfloat16, [2, TILE, D],
                                            gl.NVMMASharedLayout.get_default_for([TILE, D], gl.bfloat16))
@@ -223,11 +234,12 @@ def _sparse_attn_fwd_sm90_kernel(
     n_tiles = gl.cdiv(n_pos, TILE)
     if STATIC_SLOTS:
         # Two tiles an iteration, from two separately allocated slots (see _attend_from_slot).
-        slot_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, D], gl.bfloat16)
-        slot_a = gl.allocate_shared_memory(gl.bfloat16, [TILE, D], slot_layout)
-        slot_b = gl.allocate_shared_memory(gl.bfloat16, [TILE, D], slot_layout)
-        _issue_gather(slot_a, kv_ptr, kvc_ptr, idx_ptr, 0, s, b, S, SC, TOPK, WINDOW, n_pos, RATIO, TILE, D,
-                      rows_layout)
+        if not EARLY_START:
+            slot_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, D], gl.bfloat16)
+            slot_a = gl.allocate_shared_memory(gl.bfloat16, [TILE, D], slot_layout)
+            slot_b = gl.allocate_shared_memory(gl.bfloat16, [TILE, D], slot_layout)
+            _issue_gather(slot_a, kv_ptr, kvc_ptr, idx_ptr, 0, s, b, S, SC, TOPK, WINDOW, n_pos, RATIO, TILE, D,
+                          rows_layout)
         for i in range(0, n_tiles, 2):
             m, row_sum, partial, acc = _attend_from_slot(
                 q_smem, slot_a, slot_b, p_ring.index(0), kv_ptr, kvc_ptr, idx_ptr, i, n_tiles, s, b, S, SC, TOPK,
@@ -452,7 +464,8 @@ def launch_forward(q: Tensor, kv: Tensor, kvc: Tensor, indices: Tensor, sink: Te
         kernel = _sparse_attn_fwd_sm90_kernel
         grid = (seq, heads // BLOCK_H, batch)
         args = (q, kv, kvc, indices, sink, o, lse, seq, heads, n_comp, topk, window, qk_scale)
-        constexprs |= {"PARTIAL_SUMS": mode in (2, 4), "OVERLAP": mode == 3, "STATIC_SLOTS": mode == 4}
+        constexprs |= {"PARTIAL_SUMS": mode in (2, 4, 6), "OVERLAP": mode == 3, "STATIC_SLOTS": mode in (4, 6),
+                       "EARLY_START": mode == 6}
     if compile_only:
         kernel.warmup(*args, grid=grid, **constexprs)
     elif seq and batch:

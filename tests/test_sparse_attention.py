@@ -191,7 +191,7 @@ def test_gluon_forward_says_where_it_cannot_run():
     assert sparse_attention_sm90.fits(GLUON_CONFIG, 64) is None
     assert sparse_attention_sm90.fits({**GLUON_CONFIG, "TILE_K": 32, "UNCHAINED": 1}, 96) == (
         "TILE_K 32 (it needs 64); UNCHAINED 1 (it needs 0); heads 96 (it needs a multiple of 64)")
-    assert sparse_attention_sm90.fits({**GLUON_CONFIG, "GLUON": 6}, 64) == "GLUON 6 (it is one of 1, 2, 3, 4, 5)"
+    assert sparse_attention_sm90.fits({**GLUON_CONFIG, "GLUON": 7}, 64) == "GLUON 7 (it is one of 1, 2, 3, 4, 5, 6)"
 
 
 @pytest.mark.parametrize(("seq", "ratio", "topk", "window"), [(37, 0, 0, 5), (70, sparse_attention.CSA_RATIO, 6, 9)],
