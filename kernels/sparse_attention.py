@@ -28,7 +28,7 @@ shape of the 2026-12-02 H200 sweep, and the default rescales every tile). ``UNCH
 to the second dot through memory, so that the two warpgroups of a 64-head block split ``Q E^T``
 instead of each computing all of it (both directions; ``PTX_BARRIER`` lets a multi-stage loop
 pipeline its gathers around that hand-off, 1 reading it volatile and 2 plainly: see
-``_attend_tile``, ``_cta_barrier`` and ``_ptx_barrier``). ``GLUON`` 1-5 runs the forward on sm_90
+``_attend_tile``, ``_cta_barrier`` and ``_ptx_barrier``). ``GLUON`` 1-6 runs the forward on sm_90
 as the Gluon kernel of ``kernels.sparse_attention_sm90`` instead, which lays the two dots over the
 warpgroups explicitly (one tiling). ``LATE_FIRST`` gives program 0 the last query, so that CSA's
 heaviest queries (the full top-k) do not run in the last wave.
