@@ -1,4 +1,4 @@
-"""The sparse-attention forward for Hopper (sm_90), written in Gluon (``GLUON`` 1-4 in its config).
+"""The sparse-attention forward for Hopper (sm_90), written in Gluon (``GLUON`` 1-6 in its config).
 
 The Triton kernel (``kernels.sparse_attention``) cannot choose how its two dots are laid out over
 the warps. At 64 heads on 8 warps Triton puts all 8 along the 64 head rows of ``Q E^T``, so both
@@ -13,7 +13,8 @@ the layouts are explicit:
   one tile ahead of the dots that read it.
 
 ``GLUON`` 5 runs this as a persistent kernel (one program an SM looping over the queries), which
-hides each query's start and end behind its neighbours' tiles.
+hides each query's start and end behind its neighbours' tiles; 6 overlaps only a program's start
+(its Q and first tile copied while it counts its entries).
 
 Same math, inputs and outputs as the Triton forward (the sink and window folded in, the
 natural-log LSE saved for the backward); one fixed tiling: 64 heads, 64 entries a tile, 8 warps.
@@ -190,10 +191,11 @@ def _sparse_attn_fwd_sm90_kernel(
 ):
     """EARLY_START (with STATIC_SLOTS): Q and the first tile are copied asynchronously, the tile
     up to the entry bound (as GLUON 5 starts its items), while the picks are counted: the
-    program's start then waits on memory once, not three times in a row. OVERLAP: tile i + 1's logits and softmax run while tile i's second dot is in flight (both
-    dots issued asynchronously, the logits first, so that waiting for them leaves the second dot
-    running), with two P tiles; else each tile's dots and softmax in turn, from a two-slot ring or,
-    with STATIC_SLOTS, from two slots allocated apart, two tiles a loop (``_attend_from_slot``)."""
+    program's start then waits on memory once, not three times in a row. OVERLAP: tile i + 1's
+    logits and softmax run while tile i's second dot is in flight (both dots issued
+    asynchronously, the logits first, so that waiting for them leaves the second dot running),
+    with two P tiles; else each tile's dots and softmax in turn, from a two-slot ring or, with
+    STATIC_SLOTS, from two slots allocated apart, two tiles a loop (``_attend_from_slot``)."""
     rows_layout: gl.constexpr = _ROWS_LAYOUT
     slots_layout: gl.constexpr = _SLOTS_LAYOUT
     s_layout: gl.constexpr = _split_over_warpgroups(TILE)
@@ -206,6 +208,8 @@ def _sparse_attn_fwd_sm90_kernel(
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK, D],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK, D], gl.bfloat16))
     if EARLY_START:
+        # Mode 6's slots come before its first copies; mode 4 allocates them after its entry count
+        # (allocated here, it compiles to 255 registers against 248: offline sm_90, Flash CSA).
         slot_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TILE, D], gl.bfloat16)
         slot_a = gl.allocate_shared_memory(gl.bfloat16, [TILE, D], slot_layout)
         slot_b = gl.allocate_shared_memory(gl.bfloat16, [TILE, D], slot_layout)
