@@ -94,18 +94,31 @@ def loop_bodies(sass: str) -> list[int]:
     return [(high - low) // 16 + 1 for low, high in _loop_spans(sass)]  # 16-byte instructions
 
 
+def _count_in_loops(sass: str, opcode: str) -> list[int]:
+    """Instructions whose opcode starts with ``opcode`` in each loop body of ``loop_bodies``."""
+    found = re.compile(rf"\s{re.escape(opcode)}[\s.]")
+    addresses = [int(a.group(1), 16) for line in sass.splitlines()
+                 if found.search(line) and (a := _SASS_ADDRESS.search(line))]
+    return [sum(low <= at <= high for at in addresses) for low, high in _loop_spans(sass)]
+
+
 def loop_barriers(sass: str) -> list[int]:
     """CTA barriers (``BAR.SYNC``) in each loop body of ``loop_bodies``, in the same order: where
     the warps of a block wait for each other every iteration."""
-    barriers = [int(a.group(1), 16) for line in sass.splitlines()
-                if "BAR.SYNC" in line and (a := _SASS_ADDRESS.search(line))]
-    return [sum(low <= at <= high for at in barriers) for low, high in _loop_spans(sass)]
+    return _count_in_loops(sass, "BAR.SYNC")
+
+
+def loop_uniform_moves(sass: str) -> list[int]:
+    """Register-to-uniform-register moves (``R2UR``) in each loop body: where ptxas holds what a
+    warpgroup MMA's descriptors need in ordinary registers, it moves them before every MMA."""
+    return _count_in_loops(sass, "R2UR")
 
 
 def _sass_counts(cubin: bytes) -> dict[str, Any]:
     sass = _cuobjdump(cubin, "-sass")
     return {"hgmma": len(re.findall(r"\bHGMMA\.", sass)), "hmma": len(re.findall(r"\bHMMA\.", sass)),
-            "loop_instructions": loop_bodies(sass), "loop_barriers": loop_barriers(sass)}
+            "loop_instructions": loop_bodies(sass), "loop_barriers": loop_barriers(sass),
+            "loop_uniform_moves": loop_uniform_moves(sass)}
 
 
 def _registers_and_spills(compiled: Any, offline: bool) -> tuple[int, int]:
@@ -202,14 +215,16 @@ def agreement_table(rows: list[dict[str, Any]]) -> str:
 def resources_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one line per compiled kernel of each (launch, shape, variant)."""
     lines = ["| launch | shape | variant | Triton kernel | registers | spilled B | shared KiB | warps | stages "
-             "| programs / SM | wgmma | mma.sync | loop bodies (instructions) | loop CTA barriers |", "|" + "---|" * 14]
+             "| programs / SM | wgmma | mma.sync | loop bodies (instructions) | loop CTA barriers | loop R2UR |",
+             "|" + "---|" * 15]
     for r in rows:
         for fn, k in r["triton_kernels"].items():
             lines.append(f"| {r['kernel']} | {r['shape']} | {r['variant']} | {fn} | {k['n_regs']} | {k['spilled_bytes']} "
                          f"| {k['shared_bytes'] / 1024:.0f} | {k['num_warps']} | {k['num_stages']} "
                          f"| {k['programs_per_sm']} | {k['hgmma']} | {k['hmma']} "
                          f"| {', '.join(map(str, k.get('loop_instructions', [])))} "
-                         f"| {', '.join(map(str, k.get('loop_barriers', [])))} |")
+                         f"| {', '.join(map(str, k.get('loop_barriers', [])))} "
+                         f"| {', '.join(map(str, k.get('loop_uniform_moves', [])))} |")
     return "\n".join(lines) + "\n"
 
 

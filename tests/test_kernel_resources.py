@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.kernel_resources import loop_barriers, loop_bodies
+from bench.kernel_resources import loop_barriers, loop_bodies, loop_uniform_moves
 
 # Shaped like cuobjdump -sass: 16-byte instructions, one predicated backward branch (a loop of
 # 0x2000..0x2740), one forward branch and the trailing self-branch at the end of every kernel.
@@ -31,3 +31,13 @@ def test_loop_barriers_count_the_bar_syncs_inside_each_body():
         "        /*2030*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;\n        /*2000*/")
     assert loop_barriers(sass) == [2]  # the one at 0x1ff0 is before the loop; DEPBAR is no CTA barrier
     assert loop_barriers(SASS) == [0]
+
+
+def test_loop_uniform_moves_count_the_r2urs_inside_each_body():
+    sass = SASS.replace(
+        "        /*2000*/", "        /*1ff0*/                   R2UR UR4, R2 ;\n"
+        "        /*2010*/                   R2UR UR40, R248 ;\n"
+        "        /*2020*/                   UIADD3.64 UR52, UR4, 0x4, URZ ;\n"
+        "        /*2030*/                   R2UR UR41, R249 ;\n        /*2000*/")
+    assert loop_uniform_moves(sass) == [2]  # the one at 0x1ff0 is before the loop
+    assert loop_uniform_moves(SASS) == [0]
