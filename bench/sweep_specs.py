@@ -201,11 +201,15 @@ ATTENTION_BWD_UNCHAINED_32_SPACE = ATTENTION_BWD_UNCHAINED_SPACE | {"TILE_K": [1
                                                                    "UNCHAINED": [1], "PTX_BARRIER": [0, 1]}
 
 
+# The indexer's grids run before HEAD_SPLITS existed held the heads in one program.
+BEFORE_HEAD_SPLITS = {"HEAD_SPLITS": [1]}
+
+
 # The indexer's scoring with the key range as a grid axis (KEY_TILES) against the one-axis grid,
 # the selection held at its tuned tiling, at the two sequence-4,096 shapes.
 INDEXER_KEY_TILES_SPACE = {"BLOCK_S": [16, 64], "BLOCK_H": [1, 4], "BLOCK_T": [128, 256], "KEY_TILES": [0, 1, 2],
                            "num_warps": [4, 8], "num_stages": [2], "SELECT_ROWS": [2], "SELECT_WARPS": [16],
-                           "maxnreg": [None]}
+                           "maxnreg": [None], **BEFORE_HEAD_SPLITS}
 
 
 def indexer_key_tiles_specs() -> list[tuple[str, dict]]:
@@ -250,7 +254,7 @@ def glue_bwd_grid_specs(name: str, space: dict, min_tokens: int = 0) -> list[tup
 # held (2); one warp (admitted at sequence 4,096 only: 203-211 registers, no spills offline) is next.
 INDEXER_SELECT_SPACE = {"BLOCK_S": [16], "BLOCK_H": [4], "BLOCK_T": [256], "KEY_TILES": [1], "num_warps": [8],
                         "num_stages": [2], "SELECT_ROWS": [1, 2, 4, 8, 16], "SELECT_WARPS": [1, 2, 4, 8, 16],
-                        "maxnreg": [None]}
+                        "maxnreg": [None], **BEFORE_HEAD_SPLITS}
 
 
 def indexer_select_specs() -> list[tuple[str, dict]]:
@@ -264,7 +268,7 @@ def indexer_select_specs() -> list[tuple[str, dict]]:
 # selection again at every indexer shape, the scoring held at its tuned tiling.
 INDEXER_SCORING_SPACE = {"BLOCK_S": [16, 32, 64], "BLOCK_H": [1, 2, 4], "BLOCK_T": [128, 256], "KEY_TILES": [1, 2],
                          "num_warps": [4, 8], "num_stages": [2], "SELECT_ROWS": [1], "SELECT_WARPS": [1],
-                         "maxnreg": [None]}
+                         "maxnreg": [None], **BEFORE_HEAD_SPLITS}
 INDEXER_UINT32_SELECT_SPACE = INDEXER_SELECT_SPACE | {"SELECT_ROWS": [1, 2, 4], "SELECT_WARPS": [1, 2, 4, 8]}
 
 
@@ -281,9 +285,10 @@ def indexer_scoring_and_select_specs() -> list[tuple[str, dict]]:
 # each sequence's winner, at every indexer shape (one key tile a program: the 2026-12-02 grid's
 # best took it at every tiling).
 INDEXER_LATE_SUM_SPACE = {"BLOCK_S": [8, 16, 32], "BLOCK_H": [2, 4, 8], "BLOCK_T": [64, 128, 256], "KEY_TILES": [1],
-                          "LATE_HEAD_SUM": [1], "num_warps": [4, 8], "num_stages": [2], "maxnreg": [None]}
+                          "LATE_HEAD_SUM": [1], "num_warps": [4, 8], "num_stages": [2], "maxnreg": [None],
+                          **BEFORE_HEAD_SPLITS}
 INDEXER_INCUMBENT_SPACE = {"BLOCK_S": [16], "BLOCK_H": [4], "BLOCK_T": [256], "KEY_TILES": [1], "LATE_HEAD_SUM": [0],
-                           "num_warps": [8], "num_stages": [2], "maxnreg": [None]}
+                           "num_warps": [8], "num_stages": [2], "maxnreg": [None], **BEFORE_HEAD_SPLITS}
 INDEXER_SELECT_WINNER = {4096: {"SELECT_ROWS": [1], "SELECT_WARPS": [2]},
                          8192: {"SELECT_ROWS": [1], "SELECT_WARPS": [4]}}
 
@@ -444,7 +449,7 @@ def indexer_interp_select_specs() -> list[tuple[str, dict]]:
     specs = []
     for shape in shapes_of("indexer_fwd"):
         scoring = committed_config("indexer_fwd", shape)
-        space = {p: [scoring[p]] for p in INDEXER_SCORING_PARAMS} | INDEXER_INTERP_SELECT_SPACE
+        space = {p: [scoring[p]] for p in INDEXER_SCORING_PARAMS} | INDEXER_INTERP_SELECT_SPACE | BEFORE_HEAD_SPLITS
         specs.append((f"indexer_fwd-interp-select-grid-{shape['seq']}-{shape['topk']}",
                       grid_spec("indexer_fwd", [shape], space)))
     return specs
@@ -454,7 +459,8 @@ def indexer_interp_select_specs() -> list[tuple[str, dict]]:
 # program walking several key tiles re-reads only the keys), at the two topk-512 shapes (the
 # scoring does not depend on topk), each shape's selection held at its committed entry.
 INDEXER_ONE_HEAD_BLOCK_SPACE = {"BLOCK_S": [1, 2, 4], "BLOCK_H": [64], "BLOCK_T": [64, 128], "KEY_TILES": [0, 4],
-                                "LATE_HEAD_SUM": [0], "num_warps": [4, 8], "num_stages": [2, 3], "maxnreg": [None]}
+                                "LATE_HEAD_SUM": [0], "num_warps": [4, 8], "num_stages": [2, 3], "maxnreg": [None],
+                                **BEFORE_HEAD_SPLITS}
 
 
 def indexer_scoring_grid_specs(name: str, scoring: dict, topk: int | None = None) -> list[tuple[str, dict]]:
@@ -474,14 +480,42 @@ def indexer_scoring_grid_specs(name: str, scoring: dict, topk: int | None = None
 # (the tiling of the 8,192 / topk 1,024 entry) and their neighbours, at every indexer shape, each
 # shape's selection held at its committed entry.
 INDEXER_TMA_SPACE = {"BLOCK_S": [64, 128], "BLOCK_H": [1], "BLOCK_T": [128, 256], "KEY_TILES": [0, 1, 2],
-                     "LATE_HEAD_SUM": [0], "num_warps": [4, 8], "num_stages": [2, 3], "maxnreg": [None], "TMA": [0, 1]}
+                     "LATE_HEAD_SUM": [0], "num_warps": [4, 8], "num_stages": [2, 3], "maxnreg": [None], "TMA": [0, 1],
+                     **BEFORE_HEAD_SPLITS}
 
 
 # TMA (a 3-D [B * S, H, D] box) for head blocks of 2-8 with the late head sum, the tilings of the
 # sequence-4,096 entries and their neighbours, beside the same tilings by pointers.
 INDEXER_TMA_HEAD_BLOCKS_SPACE = {"BLOCK_S": [8, 16, 32], "BLOCK_H": [2, 4, 8], "BLOCK_T": [128], "KEY_TILES": [0, 1],
                                  "LATE_HEAD_SUM": [1], "num_warps": [4, 8], "num_stages": [3], "maxnreg": [None],
-                                 "TMA": [0, 1]}
+                                 "TMA": [0, 1], **BEFORE_HEAD_SPLITS}
+
+
+# The heads spread over 1, 2 or 4 programs (HEAD_SPLITS, their partial scores summed by the
+# selection): at 4,096 a grid of 64-query blocks of one 128-entry key tile is about 290 programs
+# for 264 co-resident ones, a nearly empty second wave. At each sequence-4,096 shape, over both
+# sequence-4,096 entries' tilings (one program walking its key tiles, or one a tile); at every
+# shape, over the one-head TMA tiling of the sequence-8,192 entries (64- or 128-entry key tiles).
+# Each shape's selection is held at its committed entry.
+INDEXER_ONE_HEAD_SPLITS_SPACE = {"BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [64, 128], "KEY_TILES": [1],
+                                 "LATE_HEAD_SUM": [0], "TMA": [1], "num_warps": [4], "num_stages": [3],
+                                 "maxnreg": [None], "HEAD_SPLITS": [1, 2, 4]}
+
+
+def indexer_head_splits_specs() -> list[tuple[str, dict]]:
+    specs = []
+    tilings = [committed_config("indexer_fwd", shape) for shape in shapes_of("indexer_fwd", 4096)]
+    for shape in shapes_of("indexer_fwd"):
+        selection = committed_config("indexer_fwd", shape)
+        held = {p: [selection[p]] for p in INDEXER_INTERP_SELECT_SPACE}
+        name = f"indexer_fwd-head-splits-{shape['seq']}-{shape['topk']}"
+        if shape["seq"] == 4096:
+            for n, tiling in enumerate(tilings):
+                space = {p: [tiling[p]] for p in INDEXER_SCORING_PARAMS} | {"TMA": [tiling.get("TMA", 0)]}
+                space |= {"KEY_TILES": [0, 1], "HEAD_SPLITS": [1, 2, 4]} | held
+                specs.append((f"{name}-tiling-{n}", grid_spec("indexer_fwd", [shape], space)))
+        specs.append((f"{name}-one-head", grid_spec("indexer_fwd", [shape], INDEXER_ONE_HEAD_SPLITS_SPACE | held)))
+    return specs
 
 
 # The router forward's top-k rounds as one argmax each (ARGMAX 1: 93 sm_90 instructions a round
@@ -543,6 +577,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-one-head-block": lambda: indexer_scoring_grid_specs("one-head-block", INDEXER_ONE_HEAD_BLOCK_SPACE, topk=512),
     "indexer-tma": lambda: indexer_scoring_grid_specs("tma", INDEXER_TMA_SPACE),
     "indexer-tma-head-blocks": lambda: indexer_scoring_grid_specs("tma-head-blocks", INDEXER_TMA_HEAD_BLOCKS_SPACE),
+    "indexer-head-splits": indexer_head_splits_specs,
 }
 
 

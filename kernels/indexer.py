@@ -30,8 +30,13 @@ Two launches, tuned together as ``indexer_fwd``:
   through TMA descriptors: one instruction a tile instead of per-element addresses (the sm_90
   head loop compiles to 214 instructions instead of 255 at 64 queries x 256 keys on 8 warps,
   Triton 3.6; on the H200, 2026-12-02, 14-15% faster at each shape's best one-head tiling).
-  The causal mask is computed inline from the indices; only visible scores are stored, into a
-  fp32 ``[B, S, S // r]`` buffer (the rest is never written or read).
+  ``HEAD_SPLITS`` > 1 spreads the heads over that many programs (a third grid axis), each storing
+  its heads' share into its own fp32 buffer, which the selection sums in split order (so the
+  result does not depend on which program ran first): at S = 4,096 a grid of 64-query blocks of
+  one 128-entry key tile is about 290 programs for the 264 that two 4-warp programs an SM hold
+  at once, so a second wave runs nearly empty; halved programs fill it. The causal mask is
+  computed inline from the indices; only visible scores are stored, into fp32 ``[HEAD_SPLITS, B,
+  S, S // r]`` buffers (the rest is never written or read).
 * Selection, in Triton. A program holds ``SELECT_ROWS`` score rows (``next_pow2(S // r)``
   values each) in registers, maps every score to an order-preserving uint32 key (-0.0 and
   +0.0 as one) and finds the k-th largest key exactly, a bit at a time from the top (at
@@ -138,11 +143,16 @@ def _add_head_block(acc, scores, w, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr
 
 @triton.jit
 def _score_kernel(
-    q_ref, k_ref, w_ptr, scores_ptr, seq, n_keys, heads, dim, ratio,
+    q_ref, k_ref, w_ptr, scores_ptr, seq, n_keys, heads, dim, ratio, split_heads, split_stride,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, KEY_TILES: tl.constexpr,
     LATE_HEAD_SUM: tl.constexpr, DIM_PAD: tl.constexpr, UPCAST: tl.constexpr, ONE_HEAD_BLOCK: tl.constexpr,
     TMA: tl.constexpr,
 ):
+    # This program's heads (``split_heads``, a multiple of BLOCK_H, from the third grid axis's split:
+    # a head block never straddles two splits) and its split's partial score buffer.
+    head_begin = tl.program_id(2) * split_heads
+    head_end = tl.minimum(head_begin + split_heads, heads)
+    scores_ptr += tl.program_id(2).to(tl.int64) * split_stride
     query_blocks = tl.cdiv(seq, BLOCK_S)
     batch = tl.program_id(0) // query_blocks
     s0 = (query_blocks - 1 - tl.program_id(0) % query_blocks) * BLOCK_S
@@ -160,8 +170,8 @@ def _score_kernel(
         t_begin = tl.program_id(1) * KEY_TILES * BLOCK_T
         end = tl.minimum(end, t_begin + KEY_TILES * BLOCK_T)
     if ONE_HEAD_BLOCK:  # every head in one block: the block's q and w are loaded once, not per key tile
-        q_all, w_all = _query_rows(q_ref, w_ptr, batch, seq, heads, dim, s0, row_query, row_head, 0, dims, dim_mask,
-                                   BLOCK_S, BLOCK_H, DIM_PAD, TMA)
+        q_all, w_all = _query_rows(q_ref, w_ptr, batch, seq, heads, dim, s0, row_query, row_head, head_begin,
+                                   dims, dim_mask, BLOCK_S, BLOCK_H, DIM_PAD, TMA)
     for t0 in range(t_begin, end, BLOCK_T):
         keys = t0 + tl.arange(0, BLOCK_T)
         if TMA:  # keys past ``end`` come back as later keys or zeros; their scores are not stored
@@ -173,7 +183,7 @@ def _score_kernel(
         # LATE_HEAD_SUM keeps a (query, head) row accumulator over the head loop and sums its heads
         # once per key tile: BLOCK_H times the registers, none of the cross-lane sums per head block.
         acc = tl.zeros([BLOCK_S * BLOCK_H if LATE_HEAD_SUM else BLOCK_S, BLOCK_T], dtype=tl.float32)
-        for h0 in range(0, heads, BLOCK_H):
+        for h0 in range(head_begin, head_end, BLOCK_H):
             if ONE_HEAD_BLOCK:
                 q = q_all
                 w = w_all
@@ -278,15 +288,18 @@ def _interpolated_threshold(order, n_visible, want):
 
 
 @triton.jit
-def _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk,
-          SELECT_ROWS: tl.constexpr, KEYS: tl.constexpr, SELECT_INTERP: tl.constexpr):
-    """Writes the picks of ``rows`` (int64), each seeing its first ``n_visible <= KEYS`` scores: all of
-    them where every row of the program takes all it sees (no threshold to find), else the entries
-    above the threshold and, of those equal to it, the lowest indices, compacted in index order by
-    a prefix sum."""
+def _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, split_stride,
+          SELECT_ROWS: tl.constexpr, KEYS: tl.constexpr, SELECT_INTERP: tl.constexpr, HEAD_SPLITS: tl.constexpr):
+    """Writes the picks of ``rows`` (int64), each seeing its first ``n_visible <= KEYS`` scores (the sum
+    of the HEAD_SPLITS partial rows, in split order): all of them where every row of the program
+    takes all it sees (no threshold to find), else the entries above the threshold and, of those
+    equal to it, the lowest indices, compacted in index order by a prefix sum."""
     keys = tl.arange(0, KEYS)
     valid = keys[None, :] < n_visible[:, None]
-    x = tl.load(scores_ptr + rows[:, None] * n_keys + keys[None, :], mask=valid, other=0.0)
+    offsets = rows[:, None] * n_keys + keys[None, :]
+    x = tl.load(scores_ptr + offsets, mask=valid, other=0.0)
+    for split in tl.static_range(1, HEAD_SPLITS):
+        x += tl.load(scores_ptr + split * split_stride + offsets, mask=valid, other=0.0)
     if tl.max(n_visible - want, axis=0) == 0:  # every row takes all it sees, already in index order
         slots = rows[:, None] * topk + keys[None, :]
         tl.store(indices_ptr + slots, tl.broadcast_to(keys[None, :], [SELECT_ROWS, KEYS]), mask=valid)
@@ -313,9 +326,9 @@ def _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk,
 
 @triton.jit
 def _select_kernel(
-    scores_ptr, indices_ptr, top_ptr, n_rows, seq, n_keys, ratio, topk, pad_score,
+    scores_ptr, indices_ptr, top_ptr, n_rows, seq, n_keys, ratio, topk, pad_score, split_stride,
     SELECT_ROWS: tl.constexpr, KEYS_PAD: tl.constexpr, KEYS_HALF: tl.constexpr, KEYS_QUARTER: tl.constexpr,
-    TOPK_PAD: tl.constexpr, SELECT_INTERP: tl.constexpr,
+    TOPK_PAD: tl.constexpr, SELECT_INTERP: tl.constexpr, HEAD_SPLITS: tl.constexpr,
 ):
     rows = tl.program_id(0) * SELECT_ROWS + tl.arange(0, SELECT_ROWS)
     row_mask = rows < n_rows
@@ -326,14 +339,14 @@ def _select_kernel(
     # quarter of it work on that much (the early half of the queries, at every length).
     widest = tl.max(n_visible, axis=0)
     if widest <= KEYS_QUARTER:
-        _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, SELECT_ROWS, KEYS_QUARTER,
-              SELECT_INTERP)
+        _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, split_stride, SELECT_ROWS,
+              KEYS_QUARTER, SELECT_INTERP, HEAD_SPLITS)
     elif widest <= KEYS_HALF:
-        _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, SELECT_ROWS, KEYS_HALF,
-              SELECT_INTERP)
+        _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, split_stride, SELECT_ROWS,
+              KEYS_HALF, SELECT_INTERP, HEAD_SPLITS)
     else:
-        _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, SELECT_ROWS, KEYS_PAD,
-              SELECT_INTERP)
+        _pick(scores_ptr, indices_ptr, top_ptr, rows, n_visible, want, n_keys, topk, split_stride, SELECT_ROWS,
+              KEYS_PAD, SELECT_INTERP, HEAD_SPLITS)
     pads = tl.arange(0, TOPK_PAD)
     pad_mask = row_mask[:, None] & (pads[None, :] >= want[:, None]) & (pads[None, :] < topk)
     pad_slots = rows[:, None] * topk + pads[None, :]
@@ -359,21 +372,25 @@ def _score_operands(q: torch.Tensor, k: torch.Tensor, config: Config, dim_pad: i
 
 def _score_rows(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ratio: int, config: Config,
                 compile_only: bool = False) -> torch.Tensor:
-    """Launch the scoring on contiguous inputs: fp32 ``[B, S, S // r]``, I where visible, undefined elsewhere."""
+    """Launch the scoring on contiguous inputs: fp32 ``[HEAD_SPLITS, B, S, S // r]``, each split's heads'
+    share of I where visible (their sum in split order is I), undefined elsewhere."""
     batch, seq, heads, dim = q.shape
     n_keys = k.shape[1]
-    rows = torch.empty(batch, seq, n_keys, dtype=torch.float32, device=q.device)
+    splits = config.get("HEAD_SPLITS", 1)  # configs tuned before HEAD_SPLITS existed lack it
+    split_heads = triton.cdiv(triton.cdiv(heads, splits), config["BLOCK_H"]) * config["BLOCK_H"]
+    rows = torch.empty(splits, batch, seq, n_keys, dtype=torch.float32, device=q.device)
     dim_pad = max(16, triton.next_power_of_2(dim))
     q_ref, k_ref, tma = _score_operands(q, k, config, dim_pad)
     key_tiles = config.get("KEY_TILES", 0)  # configs tuned before KEY_TILES or LATE_HEAD_SUM existed lack them
     key_groups = triton.cdiv(triton.cdiv(n_keys, config["BLOCK_T"]), key_tiles) if key_tiles else 1
     launch(
         _score_kernel,
-        (batch * triton.cdiv(seq, config["BLOCK_S"]), max(1, key_groups)),
-        (q_ref, k_ref, w, rows, seq, n_keys, heads, dim, ratio),
+        (batch * triton.cdiv(seq, config["BLOCK_S"]), max(1, key_groups), splits),
+        (q_ref, k_ref, w, rows, seq, n_keys, heads, dim, ratio, split_heads, rows[0].numel()),
         {"BLOCK_S": config["BLOCK_S"], "BLOCK_H": config["BLOCK_H"], "BLOCK_T": config["BLOCK_T"],
          "KEY_TILES": key_tiles, "LATE_HEAD_SUM": config.get("LATE_HEAD_SUM", 0), "DIM_PAD": dim_pad,
-         "UPCAST": current_arch() == INTERPRETER_ARCH, "ONE_HEAD_BLOCK": config["BLOCK_H"] >= heads, "TMA": tma},
+         "UPCAST": current_arch() == INTERPRETER_ARCH, "ONE_HEAD_BLOCK": config["BLOCK_H"] >= split_heads,
+         "TMA": tma},
         config,
         compile_only,
     )
@@ -382,19 +399,20 @@ def _score_rows(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ratio: int, c
 
 def _select(rows: torch.Tensor, topk: int, ratio: int, config: Config, compile_only: bool = False,
             pad_score: float = -float("inf")) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the selection on score rows ``[B, S, Sc]`` (only the visible prefix of each is read);
-    returns ``(indices, scores)`` ``[B, S, topk]``, padded with -1 and ``pad_score``."""
-    batch, seq, n_keys = rows.shape
+    """Launch the selection on partial score rows ``[splits, B, S, Sc]`` (summed in split order; only the
+    visible prefix of each is read); returns ``(indices, scores)`` ``[B, S, topk]``, padded with -1 and
+    ``pad_score``."""
+    splits, batch, seq, n_keys = rows.shape
     indices = torch.empty(batch, seq, topk, dtype=torch.int32, device=rows.device)
     scores = torch.empty(batch, seq, topk, dtype=torch.float32, device=rows.device)
     keys_pad = triton.next_power_of_2(max(1, n_keys))
     launch(
         _select_kernel,
         (triton.cdiv(batch * seq, config["SELECT_ROWS"]),),
-        (rows, indices, scores, batch * seq, seq, n_keys, ratio, topk, pad_score),
+        (rows, indices, scores, batch * seq, seq, n_keys, ratio, topk, pad_score, rows[0].numel()),
         {"SELECT_ROWS": config["SELECT_ROWS"], "KEYS_PAD": keys_pad, "KEYS_HALF": max(1, keys_pad // 2),
          "KEYS_QUARTER": max(1, keys_pad // 4), "TOPK_PAD": triton.next_power_of_2(topk),
-         "SELECT_INTERP": config.get("SELECT_INTERP", 0)},
+         "SELECT_INTERP": config.get("SELECT_INTERP", 0), "HEAD_SPLITS": splits},
         {**config, "num_warps": config["SELECT_WARPS"], "num_stages": 1},
         compile_only,
     )
@@ -531,7 +549,7 @@ def _default_config(shape: Shape) -> Config:
     2048 keys per program (one S = 8192 row, two S = 4096 rows) over 4 warps."""
     keys_pad = triton.next_power_of_2(max(1, shape["seq"] // INDEX_RATIO))
     return {"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": min(128, max(16, keys_pad)), "KEY_TILES": 0, "LATE_HEAD_SUM": 0,
-            "TMA": 0, "num_warps": 4, "num_stages": 2,
+            "TMA": 0, "HEAD_SPLITS": 1, "num_warps": 4, "num_stages": 2,
             "SELECT_ROWS": min(16, max(1, 2048 // keys_pad), triton.next_power_of_2(shape["batch"] * shape["seq"])),
             "SELECT_WARPS": 4}
 

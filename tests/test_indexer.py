@@ -52,7 +52,7 @@ def test_scores_and_top_k_sets_match_eager(batch, seq, heads, dim, topk, ratio):
     for key_tiles in (0, 1):
         config = {**registry.get("indexer_fwd").default_config({"batch": batch, "seq": seq, "topk": topk}),
                   "BLOCK_T": 16, "KEY_TILES": key_tiles}
-        rows = indexer._score_rows(q, k, w, ratio, config)
+        rows = indexer._score_rows(q, k, w, ratio, config)[0]
         torch.testing.assert_close(rows[:, mask], ref_rows[:, mask], atol=1e-5, rtol=1e-5)
 
     indices, scores = indexer_topk(q, k, w, topk, ratio)
@@ -112,7 +112,7 @@ def test_selection_matches_a_stable_sort_on_tied_rows(topk, select_interp):
     rows = levels[torch.randint(5, (3, 150, 37), generator=gen)].to(DEVICE)
     config = {**registry.get("indexer_fwd").default_config({"batch": 3, "seq": 150, "topk": topk}),
               "SELECT_INTERP": select_interp}
-    indices, scores = indexer._select(rows, topk, 4, config)
+    indices, scores = indexer._select(rows[None], topk, 4, config)
     hidden = torch.arange(37, device=DEVICE) >= _visible(150, 37, 4)[:, None]
     ref_indices, ref_scores = select_topk_reference(rows.masked_fill(hidden, -float("inf")), topk)
     assert torch.equal(indices, ref_indices) and torch.equal(scores, ref_scores)
@@ -135,7 +135,7 @@ def test_selection_matches_a_stable_sort_across_the_float_range(select_rows, sel
     rows = values.to(DEVICE)
     config = {**registry.get("indexer_fwd").default_config({"batch": 2, "seq": 96, "topk": 7}),
               "SELECT_ROWS": select_rows, "SELECT_INTERP": select_interp}
-    indices, scores = indexer._select(rows, 7, 4, config)
+    indices, scores = indexer._select(rows[None], 7, 4, config)
     hidden = torch.arange(24, device=DEVICE) >= _visible(96, 24, 4)[:, None]
     ref_indices, ref_scores = select_topk_reference(rows.masked_fill(hidden, -float("inf")), 7)
     assert torch.equal(indices, ref_indices) and torch.equal(scores, ref_scores)
@@ -154,7 +154,7 @@ def test_selection_matches_a_stable_sort_on_index_score_rows(select_interp):
     rows[1000::2, 150:200] = rows[1000::2, 100:150]
     config = {**registry.get("indexer_fwd").default_config({"batch": 1, "seq": 1200, "topk": 40}),
               "SELECT_INTERP": select_interp}
-    indices, scores = indexer._select(rows[None], 40, 4, config)
+    indices, scores = indexer._select(rows[None, None], 40, 4, config)
     ref_indices, ref_scores = select_topk_reference(rows[None], 40)
     assert torch.equal(indices, ref_indices) and torch.equal(scores, ref_scores)
 
@@ -168,22 +168,25 @@ def test_outputs_carry_no_gradient():
 CONFIGS = [
     # One head per dot (no head reshape), two key tiles at seq 70.
     {"BLOCK_S": 16, "BLOCK_H": 1, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 1,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 0},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 0, "HEAD_SPLITS": 1},
     # The same by TMA descriptors, one key tile a program.
     {"BLOCK_S": 16, "BLOCK_H": 1, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 1},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 1, "HEAD_SPLITS": 1},
     # 8 heads per dot; query blocks taller than seq 37 and 48 (one stage: sm_90's shared memory).
     {"BLOCK_S": 64, "BLOCK_H": 8, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 8, "num_stages": 1,
-     "SELECT_ROWS": 16, "SELECT_WARPS": 8, "TMA": 0},
+     "SELECT_ROWS": 16, "SELECT_WARPS": 8, "TMA": 0, "HEAD_SPLITS": 1},
     # One key tile a program (the key range as a grid axis).
     {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 8, "SELECT_WARPS": 4, "TMA": 0},
+     "SELECT_ROWS": 8, "SELECT_WARPS": 4, "TMA": 0, "HEAD_SPLITS": 1},
     # The heads summed once per key tile, over two key tiles at seq 70.
     {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 2, "SELECT_WARPS": 1, "TMA": 0},
+     "SELECT_ROWS": 2, "SELECT_WARPS": 1, "TMA": 0, "HEAD_SPLITS": 1},
     # The interpolating threshold search.
     {"BLOCK_S": 16, "BLOCK_H": 2, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 0},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 0, "HEAD_SPLITS": 1},
+    # The heads over four programs, their partial scores summed by the selection.
+    {"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 1, "HEAD_SPLITS": 4},
 ]
 
 
@@ -193,7 +196,7 @@ def test_scores_match_eager_with_heads_summed_per_block_or_per_tile(late_head_su
     q, k, w = _gaussian(2, 43, 6, 32, 4, seed=9)
     config = {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": late_head_sum,
               "num_warps": 4, "num_stages": 1}
-    scores = indexer._score_rows(q, k, w, 4, config)
+    scores = indexer._score_rows(q, k, w, 4, config)[0]
     reference = index_scores_reference(q, k, w, 4)
     visible = reference > -float("inf")
     torch.testing.assert_close(scores[visible], reference[visible], rtol=1e-5, atol=1e-5)
@@ -205,10 +208,51 @@ def test_scores_match_eager_with_every_head_in_one_block():
     q, k, w = _gaussian(1, 150, 6, 32, 4, seed=13)
     config = {"BLOCK_S": 8, "BLOCK_H": 8, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 4,
               "num_stages": 1}
-    scores = indexer._score_rows(q, k, w, 4, config)
+    scores = indexer._score_rows(q, k, w, 4, config)[0]
     reference = index_scores_reference(q, k, w, 4)
     visible = reference > -float("inf")
     torch.testing.assert_close(scores[visible], reference[visible], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("block_h", "splits", "late_head_sum", "tma"), [
+    (2, 2, 0, 0),  # 6 heads as 4 + 2: the second split's last head block ragged
+    (2, 4, 1, 0),  # 6 heads as 2 + 2 + 2 + none: the last split stores zeros
+    (4, 2, 0, 1),  # by TMA: the first split's box of 4 heads, the second's past the heads zero-filled
+    (8, 1, 0, 0),  # every head in one block: one split is the unsplit kernel
+])
+def test_scores_split_over_head_programs_sum_to_eager(block_h, splits, late_head_sum, tma):
+    """Each split stores its heads' share of the scores into its own buffer; in split order they
+    sum to the eager scores (two batch elements, a 3-token tail, two key tiles a query block)."""
+    q, k, w = _gaussian(2, 43, 6, 32, 4, seed=21 + splits)
+    config = {"BLOCK_S": 8, "BLOCK_H": block_h, "BLOCK_T": 8, "KEY_TILES": 0, "LATE_HEAD_SUM": late_head_sum,
+              "num_warps": 4, "num_stages": 1, "TMA": tma, "HEAD_SPLITS": splits}
+    partials = indexer._score_rows(q, k, w, 4, config)
+    assert partials.shape == (splits, 2, 43, 10)
+    reference = index_scores_reference(q, k, w, 4)
+    visible = reference > -float("inf")
+    for split, heads in enumerate(torch.arange(6).split(-(-6 // splits // block_h) * block_h)):
+        share = index_scores_reference(q[:, :, heads], k, w[:, :, heads], 4)
+        torch.testing.assert_close(partials[split][visible], share[visible], rtol=1e-5, atol=1e-5)
+    if splits == 4:  # the fourth split holds no head
+        assert (partials[3][visible] == 0).all()
+    torch.testing.assert_close(partials.sum(0)[visible], reference[visible], rtol=1e-5, atol=1e-5)
+
+
+def test_selection_sums_the_head_splits_before_it_picks():
+    """Two partial rows whose own top entries differ from their sum's: the selection must pick by
+    the sum, in split order, not by either part."""
+    gen = torch.Generator().manual_seed(5)
+    total = torch.randn(1, 64, 16, generator=gen)
+    first = torch.randn(1, 64, 16, generator=gen) * 10
+    partials = torch.stack([first, total - first]).to(DEVICE)
+    config = {**registry.get("indexer_fwd").default_config({"batch": 1, "seq": 64, "topk": 5}), "HEAD_SPLITS": 2}
+    indices, scores = indexer._select(partials, 5, 4, config)
+    summed = partials[0] + partials[1]
+    hidden = torch.arange(16, device=DEVICE) >= _visible(64, 16, 4)[:, None]
+    ref_indices, ref_scores = select_topk_reference(summed.masked_fill(hidden, -float("inf")), 5)
+    assert torch.equal(indices, ref_indices) and torch.equal(scores, ref_scores)
+    first_indices, _ = select_topk_reference(partials[0].masked_fill(hidden, -float("inf")), 5)
+    assert not torch.equal(indices, first_indices)
 
 
 @pytest.mark.parametrize(("block_s", "block_h", "heads", "dim", "late_head_sum"), [
@@ -227,7 +271,7 @@ def test_scores_by_tma_descriptors_match_eager(block_s, block_h, heads, dim, lat
               "num_warps": 4, "num_stages": 1, "TMA": 1}
     dim_pad = max(16, 1 << (dim - 1).bit_length())
     assert indexer._score_operands(q, k, config, dim_pad)[2], "the TMA path must run"
-    scores = indexer._score_rows(q, k, w, 4, config)
+    scores = indexer._score_rows(q, k, w, 4, config)[0]
     reference = index_scores_reference(q, k, w, 4)
     visible = reference > -float("inf")
     torch.testing.assert_close(scores[visible], reference[visible], rtol=1e-5, atol=1e-5)
