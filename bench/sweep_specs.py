@@ -403,11 +403,15 @@ def compressor_specs() -> list[tuple[str, dict]]:
             ("compressor_bwd-tpe", tpe_spec("compressor_bwd", shapes, COMPRESSOR_BWD_TRIALS))]
 
 
+# The backward's grids run before SAVED_STATS existed recomputed the window softmax.
+BEFORE_SAVED_STATS = {"SAVED_STATS": [0], "BLOCK_P": [1]}
+
+
 # The backward's HCA shape at sequence 8,192, which the compressor group's sweep did not reach
 # (2026-12-02c): its 104 valid configs as a grid.
 def compressor_bwd_hca_8192_specs() -> list[tuple[str, dict]]:
     shapes = [s for s in shapes_of("compressor_bwd", 8192, ("v4-flash",)) if s["ratio"] == 128]
-    return [("compressor_bwd-hca-8192-grid", grid_spec("compressor_bwd", shapes))]
+    return [("compressor_bwd-hca-8192-grid", grid_spec("compressor_bwd", shapes, BEFORE_SAVED_STATS))]
 
 
 # The backward with fewer dape slabs (SLABS 4-16, new; 32 was the least, one entry a slab at the HCA
@@ -418,9 +422,31 @@ COMPRESSOR_BWD_SLABS_TRIALS = 80
 
 def compressor_bwd_slabs_specs() -> list[tuple[str, dict]]:
     shapes = shapes_of("compressor_bwd", presets=("v4-flash",))
-    return [("compressor_bwd-hca-grid", grid_spec("compressor_bwd", [s for s in shapes if s["ratio"] == 128])),
+    return [("compressor_bwd-hca-grid", grid_spec("compressor_bwd", [s for s in shapes if s["ratio"] == 128],
+                                                  BEFORE_SAVED_STATS)),
             ("compressor_bwd-ratio-4-tpe", tpe_spec("compressor_bwd", [s for s in shapes if s["ratio"] == 4],
                                                     COMPRESSOR_BWD_SLABS_TRIALS))]
+
+
+# The HCA backward from the forward's saved log-sum-exp and fp32 c (SAVED_STATS 1: one launch,
+# dape complete in each program; the committed entries take 13-17 us over two launches and 2-4 MB
+# of fp32 dape partials, 2026-12-03b), beside each shape's committed entry, at both HCA shapes.
+COMPRESSOR_BWD_SAVED_STATS_SPACE = {"SAVED_STATS": [1], "BLOCK_G": [2, 4, 8], "BLOCK_P": [2, 4, 8],
+                                    "BLOCK_D": [64, 128], "SLABS": [4], "DAPE_ATOMIC": [0], "num_warps": [4],
+                                    "num_stages": [1, 2], "maxnreg": [None]}
+
+
+def compressor_bwd_saved_stats_specs() -> list[tuple[str, dict]]:
+    specs = []
+    for shape in shapes_of("compressor_bwd", presets=("v4-flash",)):
+        if shape["ratio"] != 128:
+            continue
+        committed = committed_config("compressor_bwd", shape)
+        space = {p: [v] for p, v in committed.items()} | BEFORE_SAVED_STATS
+        name = f"compressor_bwd-hca-{shape['seq']}"
+        specs += [(f"{name}-committed", grid_spec("compressor_bwd", [shape], space)),
+                  (f"{name}-saved-stats-grid", grid_spec("compressor_bwd", [shape], COMPRESSOR_BWD_SAVED_STATS_SPACE))]
+    return specs
 
 
 # The indexer's whole space (77,130 valid configs at the Flash 4,096 shape), by TPE from valid
@@ -574,6 +600,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-tpe": indexer_tpe_specs,
     "indexer-interp-select": indexer_interp_select_specs,
     "compressor-bwd-slabs": compressor_bwd_slabs_specs,
+    "compressor-bwd-saved-stats": compressor_bwd_saved_stats_specs,
     "indexer-one-head-block": lambda: indexer_scoring_grid_specs("one-head-block", INDEXER_ONE_HEAD_BLOCK_SPACE, topk=512),
     "indexer-tma": lambda: indexer_scoring_grid_specs("tma", INDEXER_TMA_SPACE),
     "indexer-tma-head-blocks": lambda: indexer_scoring_grid_specs("tma-head-blocks", INDEXER_TMA_HEAD_BLOCKS_SPACE),

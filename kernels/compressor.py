@@ -36,7 +36,12 @@ registers, and then either atomically adds it into an fp32 ``[r, coff*d]`` buffe
 writes it as one row of an fp32 ``[slabs, r, coff*d]`` buffer summed afterwards
 (``DAPE_ATOMIC = 0``: deterministic, but the partials cost ``slabs * r * coff * d * 4``
 bytes each way, which for HCA, with few entries per slab, nears the traffic of the
-gradients themselves).
+gradients themselves). With ``SAVED_STATS`` (HCA only), the forward also saves each entry's
+fp32 log-sum-exp and c (``[B, G, d]`` each: 128 KB at S = 4,096, d = 512), so any ``p`` needs
+no other window position: a program takes ``BLOCK_P`` window positions of ``BLOCK_D``
+channels over every entry, and its dape share is complete, written once, with no partials,
+atomics or second launch (deterministic). The autograd Function resolves the backward's config
+in the forward, to know whether to save them.
 
 Floor to compare against: HBM bytes at full bandwidth (``bytes_moved``); the arithmetic is
 a few operations per byte. Forward: kv and score of the closed groups read, c written.
@@ -94,22 +99,25 @@ def _ape_tile(pos, cols, dim, RATIO: tl.constexpr, COFF: tl.constexpr):
 
 @triton.jit
 def _pool(kv_ptr, score_ptr, ape, offsets, mask):
-    """Softmax weights ``p`` over the window (axis 1), the fp32 kv tile, and ``c = sum p kv``."""
+    """Softmax weights ``p`` over the window (axis 1), the fp32 kv tile, ``c = sum p kv``, and the
+    softmax's log-sum-exp (what a backward needs, with c, to rebuild any ``p`` alone)."""
     logit = tl.load(score_ptr + offsets, mask=mask, other=0.0).to(tl.float32) + ape[None, :, :]
     logit = tl.where(mask, logit, -float("inf"))
     top = tl.max(logit, axis=1)
     top = tl.where(top == -float("inf"), 0.0, top)  # a lane with no token at all (masked out)
     weight = tl.exp(logit - top[:, None, :])
     total = tl.sum(weight, axis=1)
-    p = weight * (1.0 / tl.where(total == 0.0, 1.0, total))[:, None, :]
+    total = tl.where(total == 0.0, 1.0, total)  # a lane with no token: p = 0
+    p = weight * (1.0 / total)[:, None, :]
     kv = tl.load(kv_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    return p, kv, tl.sum(p * kv, axis=1)
+    return p, kv, tl.sum(p * kv, axis=1), top + tl.log(total)
 
 
 @triton.jit
 def _compressor_fwd_kernel(
-    kv_ptr, score_ptr, ape_ptr, out_ptr, n_rows, seq, dim,
+    kv_ptr, score_ptr, ape_ptr, out_ptr, lse_ptr, pooled_ptr, n_rows, seq, dim,
     RATIO: tl.constexpr, COFF: tl.constexpr, WINDOW: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+    SAVE_STATS: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -118,9 +126,13 @@ def _compressor_fwd_kernel(
     ape = tl.load(ape_ptr + ape_offsets, mask=ape_mask, other=0.0).to(tl.float32)
     offsets, mask = _window_tile(
         rows[:, None, None], pos[None, :, None], cols[None, None, :], n_rows, seq // RATIO, seq, dim, RATIO, COFF)
-    _, _, c = _pool(kv_ptr, score_ptr, ape, offsets, mask)
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * dim + cols[None, :], c.to(out_ptr.dtype.element_ty),
-             mask=(rows < n_rows)[:, None] & (cols < dim)[None, :])
+    _, _, c, lse = _pool(kv_ptr, score_ptr, ape, offsets, mask)
+    out_offsets = rows.to(tl.int64)[:, None] * dim + cols[None, :]
+    out_mask = (rows < n_rows)[:, None] & (cols < dim)[None, :]
+    tl.store(out_ptr + out_offsets, c.to(out_ptr.dtype.element_ty), mask=out_mask)
+    if SAVE_STATS:  # fp32 c and the log-sum-exp, for the backward that reads them (SAVED_STATS)
+        tl.store(pooled_ptr + out_offsets, c, mask=out_mask)
+        tl.store(lse_ptr + out_offsets, lse, mask=out_mask)
 
 
 @triton.jit
@@ -142,7 +154,7 @@ def _compressor_bwd_kernel(
         rows = r0 + tl.arange(0, BLOCK_G)
         offsets, mask = _window_tile(
             rows[:, None, None], pos[None, :, None], cols[None, None, :], n_rows, entries, seq, dim, RATIO, COFF)
-        p, kv, c = _pool(kv_ptr, score_ptr, ape, offsets, mask)
+        p, kv, c, _ = _pool(kv_ptr, score_ptr, ape, offsets, mask)
         group = rows % entries
         closed = (rows < n_rows) & (group < groups)  # a real entry; the virtual ones get dc = 0
         dc_rows = (rows // entries * groups + group).to(tl.int64)
@@ -159,6 +171,43 @@ def _compressor_bwd_kernel(
         tl.store(dape_ptr + slab * (RATIO * COFF * dim) + ape_offsets, dape, mask=ape_mask)
 
 
+@triton.jit
+def _compressor_bwd_stats_kernel(
+    kv_ptr, score_ptr, ape_ptr, dc_ptr, lse_ptr, pooled_ptr, dkv_ptr, dscore_ptr, dape_ptr,
+    n_rows, entries, seq, dim,
+    RATIO: tl.constexpr, COFF: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """The backward from the forward's saved log-sum-exp and fp32 c: ``p`` of a window position needs
+    no other position, so a program takes BLOCK_P positions of BLOCK_D channels and walks every
+    entry, and its dape share is complete (no partials, no atomics, no second launch)."""
+    pos = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    groups = seq // RATIO
+    ape_offsets, ape_mask = _ape_tile(pos, cols, dim, RATIO, COFF)
+    ape = tl.load(ape_ptr + ape_offsets, mask=ape_mask, other=0.0).to(tl.float32)
+    dape = tl.zeros([BLOCK_P, BLOCK_D], dtype=tl.float32)
+    for r0 in range(0, n_rows, BLOCK_G):
+        rows = r0 + tl.arange(0, BLOCK_G)
+        offsets, mask = _window_tile(
+            rows[:, None, None], pos[None, :, None], cols[None, None, :], n_rows, entries, seq, dim, RATIO, COFF)
+        group = rows % entries
+        closed = (rows < n_rows) & (group < groups)  # a real entry; the virtual ones get zero gradients
+        stat_offsets = (rows // entries * groups + group).to(tl.int64)[:, None] * dim + cols[None, :]
+        stat_mask = closed[:, None] & (cols < dim)[None, :]
+        dc = tl.load(dc_ptr + stat_offsets, mask=stat_mask, other=0.0).to(tl.float32)
+        lse = tl.load(lse_ptr + stat_offsets, mask=stat_mask, other=0.0)
+        c = tl.load(pooled_ptr + stat_offsets, mask=stat_mask, other=0.0)
+        logit = tl.load(score_ptr + offsets, mask=mask, other=0.0).to(tl.float32) + ape[None, :, :]
+        p = tl.where(mask & stat_mask[:, None, :], tl.exp(logit - lse[:, None, :]), 0.0)
+        kv = tl.load(kv_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        dkv = p * dc[:, None, :]
+        dlogit = dkv * (kv - c[:, None, :])
+        tl.store(dkv_ptr + offsets, dkv.to(dkv_ptr.dtype.element_ty), mask=mask)
+        tl.store(dscore_ptr + offsets, dlogit.to(dscore_ptr.dtype.element_ty), mask=mask)
+        dape += tl.sum(dlogit, axis=0)
+    tl.store(dape_ptr + ape_offsets, dape.to(dape_ptr.dtype.element_ty), mask=ape_mask)
+
+
 def _constexprs(ratio: int, config: Config) -> dict[str, int]:
     coff = window_factor(ratio)
     return {"RATIO": ratio, "COFF": coff, "WINDOW": triton.next_power_of_2(coff * ratio),
@@ -166,27 +215,31 @@ def _constexprs(ratio: int, config: Config) -> dict[str, int]:
 
 
 def _forward(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, config: Config,
-             compile_only: bool = False) -> torch.Tensor:
-    """Launch the forward on contiguous inputs (the ratio is ``ape.shape[0]``); returns ``c [B, S // r, d]``."""
+             compile_only: bool = False, save_stats: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Launch the forward on contiguous inputs (the ratio is ``ape.shape[0]``); returns ``c [B, S // r, d]``
+    and, with ``save_stats``, the fp32 ``(lse, c)`` of the same shape a SAVED_STATS backward reads."""
     batch, seq, width = kv.shape
     ratio = ape.shape[0]
     dim = width // window_factor(ratio)
     out = kv.new_empty(batch, seq // ratio, dim)
+    stats = tuple(torch.empty(out.shape, dtype=torch.float32, device=kv.device) for _ in range(2)) if save_stats else ()
     n_rows = batch * (seq // ratio)
     launch(
         _compressor_fwd_kernel,
         (triton.cdiv(n_rows, config["BLOCK_G"]), triton.cdiv(dim, config["BLOCK_D"])),
-        (kv, score, ape, out, n_rows, seq, dim),
-        _constexprs(ratio, config),
+        (kv, score, ape, out, *(stats or (out, out)), n_rows, seq, dim),
+        {**_constexprs(ratio, config), "SAVE_STATS": save_stats},
         config,
         compile_only,
     )
-    return out
+    return out, stats
 
 
 def _backward(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, grad_out: torch.Tensor, config: Config,
-              compile_only: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch the backward on contiguous tensors; returns ``(dkv, dscore, dape)``, dape in ape's dtype."""
+              compile_only: bool = False, stats: tuple[torch.Tensor, ...] = ()
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward on contiguous tensors; returns ``(dkv, dscore, dape)``, dape in ape's dtype.
+    A SAVED_STATS config needs the forward's ``stats`` (``_forward(..., save_stats=True)``)."""
     batch, seq, width = kv.shape
     ratio = ape.shape[0]
     coff = window_factor(ratio)
@@ -194,11 +247,25 @@ def _backward(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, grad_out
     # Closed groups, then the virtual entries whose windows hold the zero-gradient halves and tail.
     entries = triton.cdiv(seq, ratio) + coff - 1
     n_rows = batch * entries
+    dkv, dscore = torch.empty_like(kv), torch.empty_like(score)
+    if config.get("SAVED_STATS", 0):  # configs tuned before SAVED_STATS existed lack it
+        if len(stats) != 2:
+            raise ValueError("a SAVED_STATS backward needs the forward's (lse, c) statistics")
+        dape = torch.empty_like(ape)
+        launch(
+            _compressor_bwd_stats_kernel,
+            (triton.cdiv(coff * ratio, config["BLOCK_P"]), triton.cdiv(dim, config["BLOCK_D"])),
+            (kv, score, ape, grad_out, *stats, dkv, dscore, dape, n_rows, entries, seq, dim),
+            {"RATIO": ratio, "COFF": coff, "BLOCK_G": config["BLOCK_G"], "BLOCK_P": config["BLOCK_P"],
+             "BLOCK_D": config["BLOCK_D"]},
+            config,
+            compile_only,
+        )
+        return dkv, dscore, dape
     block_g = config["BLOCK_G"]
     row_blocks = triton.cdiv(n_rows, block_g)
     rows_per_slab = triton.cdiv(row_blocks, max(1, min(config["SLABS"], row_blocks))) * block_g
     slabs = triton.cdiv(n_rows, rows_per_slab)
-    dkv, dscore = torch.empty_like(kv), torch.empty_like(score)
     if config["DAPE_ATOMIC"]:
         dape = torch.zeros(ratio, width, dtype=torch.float32, device=kv.device)
     else:
@@ -225,13 +292,18 @@ def _resolved(kernel: str, kv: torch.Tensor, ratio: int) -> Config:
 class _CompressorPool(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(kv, score, ape)
-        return _forward(kv, score, ape, _resolved("compressor_fwd", kv, ape.shape[0]))
+        fwd_config = _resolved("compressor_fwd", kv, ape.shape[0])
+        # The backward's config is resolved here: the forward saves the statistics it reads, if any.
+        ctx.bwd_config = _resolved("compressor_bwd", kv, ape.shape[0]) if any(ctx.needs_input_grad) else None
+        save_stats = bool(ctx.bwd_config and ctx.bwd_config.get("SAVED_STATS", 0))
+        out, stats = _forward(kv, score, ape, fwd_config, save_stats=save_stats)
+        ctx.save_for_backward(kv, score, ape, *stats)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        kv, score, ape = ctx.saved_tensors
-        return _backward(kv, score, ape, grad_out.contiguous(), _resolved("compressor_bwd", kv, ape.shape[0]))
+        kv, score, ape, *stats = ctx.saved_tensors
+        return _backward(kv, score, ape, grad_out.contiguous(), ctx.bwd_config, stats=tuple(stats))
 
 
 def compressor_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
@@ -262,17 +334,28 @@ def _overlap(grouped: torch.Tensor, dim: int, fill: float) -> torch.Tensor:
     return torch.cat([previous, grouped[..., dim:]], dim=2)
 
 
-def compressor_pool_reference(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
-    """Eager fp32 math of ``compressor_pool`` (differentiable), in kv's dtype."""
+def _windows(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``(values, logits)`` ``[B, G, window, d]`` of every closed group's window."""
     batch, seq, width = kv.shape
     ratio = ape.shape[0]
-    coff = window_factor(ratio)
     closed = seq // ratio * ratio
     values = kv[:, :closed].float().unflatten(1, (-1, ratio))
     logits = score[:, :closed].float().unflatten(1, (-1, ratio)) + ape.float()
-    if coff == 2:
+    if window_factor(ratio) == 2:
         values, logits = _overlap(values, width // 2, 0.0), _overlap(logits, width // 2, -float("inf"))
+    return values, logits
+
+
+def compressor_pool_reference(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
+    """Eager fp32 math of ``compressor_pool`` (differentiable), in kv's dtype."""
+    values, logits = _windows(kv, score, ape)
     return (logits.softmax(dim=2) * values).sum(dim=2).to(kv.dtype)
+
+
+def pool_stats_reference(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager fp32 ``(lse, c)`` ``[B, S // r, d]``: what ``_forward(..., save_stats=True)`` saves."""
+    values, logits = _windows(kv, score, ape)
+    return logits.logsumexp(dim=2), (logits.softmax(dim=2) * values).sum(dim=2)
 
 
 # ----- registration -------------------------------------------------------------------
@@ -290,11 +373,12 @@ def _make_inputs(shape: Shape, device: torch.device, seed: int, backward: bool) 
     }
     if backward:
         tensors["grad_out"] = torch.randn(batch, seq // ratio, dim, generator=gen).to(torch.bfloat16)
+        tensors["lse"], tensors["pooled"] = pool_stats_reference(tensors["kv"], tensors["score"], tensors["ape"])
     return {name: t.to(device) for name, t in tensors.items()}
 
 
 def _run_fwd(inputs: Inputs, config: Config) -> torch.Tensor:
-    return _forward(inputs["kv"], inputs["score"], inputs["ape"], config)
+    return _forward(inputs["kv"], inputs["score"], inputs["ape"], config)[0]
 
 
 def _compile_fwd(inputs: Inputs, config: Config) -> None:
@@ -306,11 +390,13 @@ def _reference_fwd(inputs: Inputs) -> torch.Tensor:
 
 
 def _run_bwd(inputs: Inputs, config: Config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(inputs["kv"], inputs["score"], inputs["ape"], inputs["grad_out"], config)
+    return _backward(inputs["kv"], inputs["score"], inputs["ape"], inputs["grad_out"], config,
+                     stats=(inputs["lse"], inputs["pooled"]))
 
 
 def _compile_bwd(inputs: Inputs, config: Config) -> None:
-    _backward(inputs["kv"], inputs["score"], inputs["ape"], inputs["grad_out"], config, compile_only=True)
+    _backward(inputs["kv"], inputs["score"], inputs["ape"], inputs["grad_out"], config, compile_only=True,
+              stats=(inputs["lse"], inputs["pooled"]))
 
 
 def _reference_bwd(inputs: Inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -347,7 +433,7 @@ def _default_bwd_config(shape: Shape) -> Config:
     entry_blocks = triton.cdiv(shape["batch"] * (triton.cdiv(shape["seq"], ratio) + window_factor(ratio) - 1), block_g)
     slabs = max(s for s in (32, 64, 128) if s <= max(32, entry_blocks))
     partial_bytes = 2 * min(slabs, entry_blocks) * ratio * window_factor(ratio) * dim * _FP32_BYTES
-    return {"BLOCK_G": block_g, "BLOCK_D": block_d, "SLABS": slabs,
+    return {"BLOCK_G": block_g, "BLOCK_D": block_d, "SLABS": slabs, "SAVED_STATS": 0, "BLOCK_P": 1,
             "DAPE_ATOMIC": int(8 * partial_bytes > _bytes_bwd(shape)), "num_warps": 8, "num_stages": 1}
 
 

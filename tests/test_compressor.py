@@ -72,10 +72,14 @@ def test_every_gradient_element_is_written(monkeypatch):
     group, which no entry pools, must be written as zeros by the kernel itself."""
     real_empty_like = torch.empty_like
     monkeypatch.setattr(torch, "empty_like", lambda t, **kw: real_empty_like(t, **kw).fill_(float("nan")))
-    for ratio, seq in ((4, 22), (128, 150)):
+    for ratio, seq, saved_stats in ((4, 22, 0), (128, 150, 0), (128, 150, 1)):
         kv, score, ape, grad = _inputs(2, seq, ratio, 16, torch.bfloat16, seed=ratio)
         config = registry.get("compressor_bwd").default_config({"batch": 2, "seq": seq, "ratio": ratio, "dim": 16})
-        dkv, dscore, _ = compressor._backward(kv, score, ape, grad, config)
+        if saved_stats:  # dape too comes from an uninitialised buffer
+            config = STATS_CONFIG
+        stats = compressor.pool_stats_reference(kv, score, ape)
+        dkv, dscore, dape = compressor._backward(kv, score, ape, grad, config, stats=stats)
+        assert torch.isfinite(dape).all()
         closed = seq // ratio * ratio
         for g in (dkv, dscore):
             assert torch.isfinite(g).all()
@@ -83,6 +87,43 @@ def test_every_gradient_element_is_written(monkeypatch):
             if ratio == compressor.CSA_RATIO:
                 assert (g[:, closed - ratio:closed, :16] == 0).all()
                 assert (g[:, closed - ratio:closed, 16:] != 0).all()
+
+
+STATS_CONFIG = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 4, "DAPE_ATOMIC": 0, "SAVED_STATS": 1, "BLOCK_P": 16,
+                "num_warps": 2, "num_stages": 1}
+
+
+@pytest.mark.parametrize(("batch", "seq", "dim", "dtype"), [
+    (2, 300, 24, torch.bfloat16),  # a 44-token tail, d not a power of two
+    (1, 256, 16, torch.float32),   # no tail, fp32: a tight check
+    (2, 100, 16, torch.bfloat16),  # shorter than one group: no entries, zero gradients
+])
+def test_backward_from_the_forwards_saved_statistics_matches_eager(monkeypatch, batch, seq, dim, dtype):
+    """With a SAVED_STATS backward resolved, the forward saves fp32 (lse, c) and the backward reads
+    them: the gradients match the eager math; and the forward saves nothing without it."""
+    resolved = {"compressor_fwd": FWD_CONFIGS[1], "compressor_bwd": STATS_CONFIG}
+    monkeypatch.setattr(compressor, "_resolved", lambda kernel, kv, ratio: resolved[kernel])
+    kv, score, ape, grad = _inputs(batch, seq, 128, dim, dtype, seed=seq)
+    leaves = [t.detach().clone().requires_grad_() for t in (kv, score, ape)]
+    out = compressor_pool(*leaves)
+    assert len(out.grad_fn.saved_tensors) == 5  # kv, score, ape, lse, c
+    out.backward(grad)
+    ref_leaves = [t.detach().float().requires_grad_() for t in (kv, score, ape)]
+    compressor_pool_reference(*ref_leaves).backward(grad.float())
+    for leaf, ref_leaf in zip(leaves, ref_leaves):
+        torch.testing.assert_close(leaf.grad.float(), ref_leaf.grad, **TOLERANCES[leaf.dtype])
+    resolved["compressor_bwd"] = BWD_CONFIGS[0]
+    assert len(compressor_pool(*leaves).grad_fn.saved_tensors) == 3
+
+
+def test_saved_statistics_match_the_eager_ones_and_are_required():
+    kv, score, ape, grad = _inputs(2, 300, 128, 24, torch.float32, seed=1)
+    _, (lse, pooled) = compressor._forward(kv, score, ape, FWD_CONFIGS[0], save_stats=True)
+    ref_lse, ref_pooled = compressor.pool_stats_reference(kv, score, ape)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pooled, ref_pooled, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="SAVED_STATS"):
+        compressor._backward(kv, score, ape, grad, STATS_CONFIG)
 
 
 FWD_CONFIGS = [
@@ -97,6 +138,14 @@ BWD_CONFIGS = [
     # Ragged slabs of entries, with both dape modes.
     {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 3, "DAPE_ATOMIC": 0, "num_warps": 4, "num_stages": 2},
     {"BLOCK_G": 4, "BLOCK_D": 32, "SLABS": 32, "DAPE_ATOMIC": 1, "num_warps": 4, "num_stages": 1},
+]
+BWD_CONFIGS = [{**c, "SAVED_STATS": 0, "BLOCK_P": 1} for c in BWD_CONFIGS] + [
+    # From the saved statistics (HCA): 8 positions of 16 channels over entries 2 at a time (the
+    # tail's virtual entry and both batch elements), and 32 positions of 32 channels, 4 at a time.
+    {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 4, "DAPE_ATOMIC": 0, "SAVED_STATS": 1, "BLOCK_P": 8, "num_warps": 2,
+     "num_stages": 1},
+    {"BLOCK_G": 4, "BLOCK_D": 32, "SLABS": 4, "DAPE_ATOMIC": 0, "SAVED_STATS": 1, "BLOCK_P": 32, "num_warps": 4,
+     "num_stages": 2},
 ]
 
 
@@ -127,7 +176,8 @@ def test_a_register_cap_holds_the_backward_to_it_on_sm_90():
     under a 128-register cap (bench/results/2026-12-01-cpu-offline-resources/spaces)."""
     space = load_space("compressor_bwd")
     shape = next(s for s in registry.get("compressor_bwd").presets["v4-flash"] if s["ratio"] == 128)
-    config = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 32, "DAPE_ATOMIC": 0, "num_warps": 4, "num_stages": 1}
+    config = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 32, "DAPE_ATOMIC": 0, "SAVED_STATS": 0, "BLOCK_P": 1, "num_warps": 4,
+              "num_stages": 1}
     assert space.violation({**config, "maxnreg": None}, shape, "sm_90") is None
     assert "maxnreg" in space.violation({**config, "maxnreg": 128}, shape, "sm_90")
 
