@@ -436,16 +436,23 @@ COMPRESSOR_BWD_SAVED_STATS_SPACE = {"SAVED_STATS": [1], "BLOCK_G": [2, 4, 8], "B
                                     "num_stages": [1, 2], "maxnreg": [None]}
 
 
-def compressor_bwd_saved_stats_specs() -> list[tuple[str, dict]]:
+# Its first H200 grid (2026-12-03e) was fastest at the most entries a loop step (8, against 4 and
+# 2), the fewest positions (2) and the narrower channel block (64): more entries a step, down to
+# one step for all 32 entries at 4,096, fewer positions and channels.
+COMPRESSOR_BWD_SAVED_STATS_WIDE_SPACE = COMPRESSOR_BWD_SAVED_STATS_SPACE | {
+    "BLOCK_G": [16, 32, 64], "BLOCK_P": [1, 2], "BLOCK_D": [16, 32, 64], "num_warps": [2, 4, 8], "num_stages": [1]}
+
+
+def compressor_bwd_saved_stats_specs(space: dict = COMPRESSOR_BWD_SAVED_STATS_SPACE) -> list[tuple[str, dict]]:
     specs = []
     for shape in shapes_of("compressor_bwd", presets=("v4-flash",)):
         if shape["ratio"] != 128:
             continue
         committed = committed_config("compressor_bwd", shape)
-        space = {p: [v] for p, v in committed.items()} | BEFORE_SAVED_STATS
+        held = {p: [v] for p, v in committed.items()} | BEFORE_SAVED_STATS
         name = f"compressor_bwd-hca-{shape['seq']}"
-        specs += [(f"{name}-committed", grid_spec("compressor_bwd", [shape], space)),
-                  (f"{name}-saved-stats-grid", grid_spec("compressor_bwd", [shape], COMPRESSOR_BWD_SAVED_STATS_SPACE))]
+        specs += [(f"{name}-committed", grid_spec("compressor_bwd", [shape], held)),
+                  (f"{name}-saved-stats-grid", grid_spec("compressor_bwd", [shape], space))]
     return specs
 
 
@@ -601,6 +608,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-interp-select": indexer_interp_select_specs,
     "compressor-bwd-slabs": compressor_bwd_slabs_specs,
     "compressor-bwd-saved-stats": compressor_bwd_saved_stats_specs,
+    "compressor-bwd-saved-stats-wide": lambda: compressor_bwd_saved_stats_specs(COMPRESSOR_BWD_SAVED_STATS_WIDE_SPACE),
     "indexer-one-head-block": lambda: indexer_scoring_grid_specs("one-head-block", INDEXER_ONE_HEAD_BLOCK_SPACE, topk=512),
     "indexer-tma": lambda: indexer_scoring_grid_specs("tma", INDEXER_TMA_SPACE),
     "indexer-tma-head-blocks": lambda: indexer_scoring_grid_specs("tma-head-blocks", INDEXER_TMA_HEAD_BLOCKS_SPACE),
