@@ -201,15 +201,15 @@ ATTENTION_BWD_UNCHAINED_32_SPACE = ATTENTION_BWD_UNCHAINED_SPACE | {"TILE_K": [1
                                                                    "UNCHAINED": [1], "PTX_BARRIER": [0, 1]}
 
 
-# The indexer's grids run before HEAD_SPLITS existed held the heads in one program.
-BEFORE_HEAD_SPLITS = {"HEAD_SPLITS": [1]}
+# The indexer's grids run before HEAD_SPLITS and GLUON existed: the heads in one program, Triton's scoring.
+INDEXER_TRITON_UNSPLIT = {"HEAD_SPLITS": [1], "GLUON": [0]}
 
 
 # The indexer's scoring with the key range as a grid axis (KEY_TILES) against the one-axis grid,
 # the selection held at its tuned tiling, at the two sequence-4,096 shapes.
 INDEXER_KEY_TILES_SPACE = {"BLOCK_S": [16, 64], "BLOCK_H": [1, 4], "BLOCK_T": [128, 256], "KEY_TILES": [0, 1, 2],
                            "num_warps": [4, 8], "num_stages": [2], "SELECT_ROWS": [2], "SELECT_WARPS": [16],
-                           "maxnreg": [None], **BEFORE_HEAD_SPLITS}
+                           "maxnreg": [None], **INDEXER_TRITON_UNSPLIT}
 
 
 def indexer_key_tiles_specs() -> list[tuple[str, dict]]:
@@ -254,7 +254,7 @@ def glue_bwd_grid_specs(name: str, space: dict, min_tokens: int = 0) -> list[tup
 # held (2); one warp (admitted at sequence 4,096 only: 203-211 registers, no spills offline) is next.
 INDEXER_SELECT_SPACE = {"BLOCK_S": [16], "BLOCK_H": [4], "BLOCK_T": [256], "KEY_TILES": [1], "num_warps": [8],
                         "num_stages": [2], "SELECT_ROWS": [1, 2, 4, 8, 16], "SELECT_WARPS": [1, 2, 4, 8, 16],
-                        "maxnreg": [None], **BEFORE_HEAD_SPLITS}
+                        "maxnreg": [None], **INDEXER_TRITON_UNSPLIT}
 
 
 def indexer_select_specs() -> list[tuple[str, dict]]:
@@ -268,7 +268,7 @@ def indexer_select_specs() -> list[tuple[str, dict]]:
 # selection again at every indexer shape, the scoring held at its tuned tiling.
 INDEXER_SCORING_SPACE = {"BLOCK_S": [16, 32, 64], "BLOCK_H": [1, 2, 4], "BLOCK_T": [128, 256], "KEY_TILES": [1, 2],
                          "num_warps": [4, 8], "num_stages": [2], "SELECT_ROWS": [1], "SELECT_WARPS": [1],
-                         "maxnreg": [None], **BEFORE_HEAD_SPLITS}
+                         "maxnreg": [None], **INDEXER_TRITON_UNSPLIT}
 INDEXER_UINT32_SELECT_SPACE = INDEXER_SELECT_SPACE | {"SELECT_ROWS": [1, 2, 4], "SELECT_WARPS": [1, 2, 4, 8]}
 
 
@@ -286,9 +286,9 @@ def indexer_scoring_and_select_specs() -> list[tuple[str, dict]]:
 # best took it at every tiling).
 INDEXER_LATE_SUM_SPACE = {"BLOCK_S": [8, 16, 32], "BLOCK_H": [2, 4, 8], "BLOCK_T": [64, 128, 256], "KEY_TILES": [1],
                           "LATE_HEAD_SUM": [1], "num_warps": [4, 8], "num_stages": [2], "maxnreg": [None],
-                          **BEFORE_HEAD_SPLITS}
+                          **INDEXER_TRITON_UNSPLIT}
 INDEXER_INCUMBENT_SPACE = {"BLOCK_S": [16], "BLOCK_H": [4], "BLOCK_T": [256], "KEY_TILES": [1], "LATE_HEAD_SUM": [0],
-                           "num_warps": [8], "num_stages": [2], "maxnreg": [None], **BEFORE_HEAD_SPLITS}
+                           "num_warps": [8], "num_stages": [2], "maxnreg": [None], **INDEXER_TRITON_UNSPLIT}
 INDEXER_SELECT_WINNER = {4096: {"SELECT_ROWS": [1], "SELECT_WARPS": [2]},
                          8192: {"SELECT_ROWS": [1], "SELECT_WARPS": [4]}}
 
@@ -482,7 +482,7 @@ def indexer_interp_select_specs() -> list[tuple[str, dict]]:
     specs = []
     for shape in shapes_of("indexer_fwd"):
         scoring = committed_config("indexer_fwd", shape)
-        space = {p: [scoring[p]] for p in INDEXER_SCORING_PARAMS} | INDEXER_INTERP_SELECT_SPACE | BEFORE_HEAD_SPLITS
+        space = {p: [scoring[p]] for p in INDEXER_SCORING_PARAMS} | INDEXER_INTERP_SELECT_SPACE | INDEXER_TRITON_UNSPLIT
         specs.append((f"indexer_fwd-interp-select-grid-{shape['seq']}-{shape['topk']}",
                       grid_spec("indexer_fwd", [shape], space)))
     return specs
@@ -493,7 +493,7 @@ def indexer_interp_select_specs() -> list[tuple[str, dict]]:
 # scoring does not depend on topk), each shape's selection held at its committed entry.
 INDEXER_ONE_HEAD_BLOCK_SPACE = {"BLOCK_S": [1, 2, 4], "BLOCK_H": [64], "BLOCK_T": [64, 128], "KEY_TILES": [0, 4],
                                 "LATE_HEAD_SUM": [0], "num_warps": [4, 8], "num_stages": [2, 3], "maxnreg": [None],
-                                **BEFORE_HEAD_SPLITS}
+                                **INDEXER_TRITON_UNSPLIT}
 
 
 def indexer_scoring_grid_specs(name: str, scoring: dict, topk: int | None = None) -> list[tuple[str, dict]]:
@@ -514,14 +514,14 @@ def indexer_scoring_grid_specs(name: str, scoring: dict, topk: int | None = None
 # shape's selection held at its committed entry.
 INDEXER_TMA_SPACE = {"BLOCK_S": [64, 128], "BLOCK_H": [1], "BLOCK_T": [128, 256], "KEY_TILES": [0, 1, 2],
                      "LATE_HEAD_SUM": [0], "num_warps": [4, 8], "num_stages": [2, 3], "maxnreg": [None], "TMA": [0, 1],
-                     **BEFORE_HEAD_SPLITS}
+                     **INDEXER_TRITON_UNSPLIT}
 
 
 # TMA (a 3-D [B * S, H, D] box) for head blocks of 2-8 with the late head sum, the tilings of the
 # sequence-4,096 entries and their neighbours, beside the same tilings by pointers.
 INDEXER_TMA_HEAD_BLOCKS_SPACE = {"BLOCK_S": [8, 16, 32], "BLOCK_H": [2, 4, 8], "BLOCK_T": [128], "KEY_TILES": [0, 1],
                                  "LATE_HEAD_SUM": [1], "num_warps": [4, 8], "num_stages": [3], "maxnreg": [None],
-                                 "TMA": [0, 1], **BEFORE_HEAD_SPLITS}
+                                 "TMA": [0, 1], **INDEXER_TRITON_UNSPLIT}
 
 
 # The heads spread over 1, 2 or 4 programs (HEAD_SPLITS, their partial scores summed by the
@@ -532,7 +532,7 @@ INDEXER_TMA_HEAD_BLOCKS_SPACE = {"BLOCK_S": [8, 16, 32], "BLOCK_H": [2, 4, 8], "
 # Each shape's selection is held at its committed entry.
 INDEXER_ONE_HEAD_SPLITS_SPACE = {"BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [64, 128], "KEY_TILES": [1],
                                  "LATE_HEAD_SUM": [0], "TMA": [1], "num_warps": [4], "num_stages": [3],
-                                 "maxnreg": [None], "HEAD_SPLITS": [1, 2, 4]}
+                                 "maxnreg": [None], "HEAD_SPLITS": [1, 2, 4], "GLUON": [0]}
 
 
 def indexer_head_splits_specs() -> list[tuple[str, dict]]:
@@ -545,9 +545,30 @@ def indexer_head_splits_specs() -> list[tuple[str, dict]]:
         if shape["seq"] == 4096:
             for n, tiling in enumerate(tilings):
                 space = {p: [tiling[p]] for p in INDEXER_SCORING_PARAMS} | {"TMA": [tiling.get("TMA", 0)]}
-                space |= {"KEY_TILES": [0, 1], "HEAD_SPLITS": [1, 2, 4]} | held
+                space |= {"KEY_TILES": [0, 1], "HEAD_SPLITS": [1, 2, 4], "GLUON": [0]} | held
                 specs.append((f"{name}-tiling-{n}", grid_spec("indexer_fwd", [shape], space)))
         specs.append((f"{name}-one-head", grid_spec("indexer_fwd", [shape], INDEXER_ONE_HEAD_SPLITS_SPACE | held)))
+    return specs
+
+
+# The sm_90 Gluon scoring (GLUON 1: asynchronous warpgroup MMAs, each head's epilogue under the
+# next head's dot) over its tilings and q ring depths, beside each shape's committed entry, at
+# every indexer shape, each shape's selection held at its committed entry.
+INDEXER_GLUON_SPACE = {"GLUON": [1], "BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [128, 256], "KEY_TILES": [1],
+                       "LATE_HEAD_SUM": [0], "TMA": [0], "HEAD_SPLITS": [1], "num_warps": [4, 8],
+                       "num_stages": [3, 4], "maxnreg": [None]}
+
+
+def indexer_gluon_specs() -> list[tuple[str, dict]]:
+    specs = []
+    for shape in shapes_of("indexer_fwd"):
+        committed = committed_config("indexer_fwd", shape)
+        held = {p: [committed[p]] for p in INDEXER_INTERP_SELECT_SPACE}
+        incumbent = {p: [v] for p, v in committed.items()} | INDEXER_TRITON_UNSPLIT
+        incumbent.setdefault("TMA", [0])
+        name = f"indexer_fwd-gluon-{shape['seq']}-{shape['topk']}"
+        specs += [(f"{name}-committed", grid_spec("indexer_fwd", [shape], incumbent)),
+                  (f"{name}-grid", grid_spec("indexer_fwd", [shape], INDEXER_GLUON_SPACE | held))]
     return specs
 
 
@@ -613,6 +634,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-tma": lambda: indexer_scoring_grid_specs("tma", INDEXER_TMA_SPACE),
     "indexer-tma-head-blocks": lambda: indexer_scoring_grid_specs("tma-head-blocks", INDEXER_TMA_HEAD_BLOCKS_SPACE),
     "indexer-head-splits": indexer_head_splits_specs,
+    "indexer-gluon": indexer_gluon_specs,
 }
 
 

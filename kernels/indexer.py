@@ -79,8 +79,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernels import indexer_sm90
 from kernels.arch import INTERPRETER_ARCH, current_arch
-from kernels.launch import launch, tma_usable
+from kernels.launch import check_gluon, launch, tma_usable
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
 
@@ -380,6 +381,10 @@ def _score_rows(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ratio: int, c
     splits = config.get("HEAD_SPLITS", 1)  # configs tuned before HEAD_SPLITS existed lack it
     split_heads = triton.cdiv(triton.cdiv(heads, splits), config["BLOCK_H"]) * config["BLOCK_H"]
     rows = torch.empty(splits, batch, seq, n_keys, dtype=torch.float32, device=q.device)
+    if config.get("GLUON"):  # configs tuned before GLUON existed lack it
+        check_gluon("the indexer's scoring", indexer_sm90.fits(config, dim))
+        indexer_sm90.launch_scoring(q, k, w, rows, ratio, config, compile_only)
+        return rows
     dim_pad = max(16, triton.next_power_of_2(dim))
     q_ref, k_ref, tma = _score_operands(q, k, config, dim_pad)
     key_tiles = config.get("KEY_TILES", 0)  # configs tuned before KEY_TILES or LATE_HEAD_SUM existed lack them
@@ -550,7 +555,7 @@ def _default_config(shape: Shape) -> Config:
     2048 keys per program (one S = 8192 row, two S = 4096 rows) over 4 warps."""
     keys_pad = triton.next_power_of_2(max(1, shape["seq"] // INDEX_RATIO))
     return {"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": min(128, max(16, keys_pad)), "KEY_TILES": 0, "LATE_HEAD_SUM": 0,
-            "TMA": 0, "HEAD_SPLITS": 1, "num_warps": 4, "num_stages": 2,
+            "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "num_warps": 4, "num_stages": 2,
             "SELECT_ROWS": min(16, max(1, 2048 // keys_pad), triton.next_power_of_2(shape["batch"] * shape["seq"])),
             "SELECT_WARPS": 4}
 

@@ -34,6 +34,16 @@ def tma_usable(config: dict[str, Any], *tensors: torch.Tensor) -> bool:
     return bool(config.get("TMA")) and all(tma_ready(t) for t in tensors)
 
 
+def check_gluon(form: str, misfit: str | None) -> None:
+    """Raise unless this process runs on sm_90 and a config fits the Gluon ``form`` (``misfit``: how it
+    does not, or None)."""
+    if current_arch() != "sm_90":
+        raise ValueError(f"GLUON is the sm_90 form of {form} (Gluon has no interpreter mode); "
+                         f"this process runs on {current_arch()}")
+    if misfit is not None:
+        raise ValueError(f"GLUON compiles fixed tilings of {form}; this config has {misfit}")
+
+
 def launch_options(config: dict[str, Any]) -> dict[str, Any]:
     """The Triton launch keyword options in ``config``, for the running backend."""
     names: tuple[str, ...] = _COMMON_OPTIONS

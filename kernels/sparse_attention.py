@@ -90,7 +90,7 @@ import triton.language as tl
 
 from kernels import sparse_attention_sm90
 from kernels.arch import INTERPRETER_ARCH, current_arch
-from kernels.launch import launch
+from kernels.launch import check_gluon, launch
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
 
@@ -440,16 +440,6 @@ def _ptx_barrier(config: Config) -> int:
     return mode if not _interpreted() and torch.version.hip is None else 0
 
 
-def _check_gluon(config: Config, heads: int) -> None:
-    """Raise unless the forward's Gluon form (``kernels.sparse_attention_sm90``) can run ``config`` here."""
-    if current_arch() != "sm_90":
-        raise ValueError(f"GLUON is the sm_90 form of the forward (Gluon has no interpreter mode); "
-                         f"this process runs on {current_arch()}")
-    why = sparse_attention_sm90.fits(config, heads)
-    if why is not None:
-        raise ValueError(f"GLUON compiles one tiling; this config has {why}")
-
-
 def _max_entries(ratio: int, seq: int, topk: int, window: int) -> int:
     """Most entry positions any query has."""
     return min(seq, window) + (0 if ratio == 0 else topk if ratio == CSA_RATIO else seq // ratio)
@@ -476,7 +466,7 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
     o = torch.empty_like(q)
     lse = torch.empty(batch, seq, heads, dtype=torch.float32, device=q.device)
     if config.get("GLUON"):
-        _check_gluon(config, heads)
+        check_gluon("the forward", sparse_attention_sm90.fits(config, heads))
         sparse_attention_sm90.launch_forward(q, kv, kv if kvc is None else kvc, kv if indices is None else indices,
                                              sink, o, lse, n_comp, topk, ratio, window, SOFTMAX_SCALE * _LOG2E,
                                              config["GLUON"], bool(config.get("LATE_FIRST")), compile_only)

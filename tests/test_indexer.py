@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import indexer, registry
+from kernels import indexer, indexer_sm90, registry
 from kernels.arch import current_arch, kernel_device
 from kernels.indexer import (
     index_scores_reference, indexer_topk, indexer_topk_reference, select_topk_reference,
@@ -168,25 +168,25 @@ def test_outputs_carry_no_gradient():
 CONFIGS = [
     # One head per dot (no head reshape), two key tiles at seq 70.
     {"BLOCK_S": 16, "BLOCK_H": 1, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 1,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 0, "HEAD_SPLITS": 1},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0},
     # The same by TMA descriptors, one key tile a program.
     {"BLOCK_S": 16, "BLOCK_H": 1, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 1, "HEAD_SPLITS": 1},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 1, "HEAD_SPLITS": 1, "GLUON": 0},
     # 8 heads per dot; query blocks taller than seq 37 and 48 (one stage: sm_90's shared memory).
     {"BLOCK_S": 64, "BLOCK_H": 8, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 8, "num_stages": 1,
-     "SELECT_ROWS": 16, "SELECT_WARPS": 8, "TMA": 0, "HEAD_SPLITS": 1},
+     "SELECT_ROWS": 16, "SELECT_WARPS": 8, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0},
     # One key tile a program (the key range as a grid axis).
     {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 8, "SELECT_WARPS": 4, "TMA": 0, "HEAD_SPLITS": 1},
+     "SELECT_ROWS": 8, "SELECT_WARPS": 4, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0},
     # The heads summed once per key tile, over two key tiles at seq 70.
     {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 2, "SELECT_WARPS": 1, "TMA": 0, "HEAD_SPLITS": 1},
+     "SELECT_ROWS": 2, "SELECT_WARPS": 1, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0},
     # The interpolating threshold search.
     {"BLOCK_S": 16, "BLOCK_H": 2, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 0, "HEAD_SPLITS": 1},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0},
     # The heads over four programs, their partial scores summed by the selection.
     {"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 1, "HEAD_SPLITS": 4},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 1, "HEAD_SPLITS": 4, "GLUON": 0},
 ]
 
 
@@ -275,6 +275,53 @@ def test_scores_by_tma_descriptors_match_eager(block_s, block_h, heads, dim, lat
     reference = index_scores_reference(q, k, w, 4)
     visible = reference > -float("inf")
     torch.testing.assert_close(scores[visible], reference[visible], rtol=1e-5, atol=1e-5)
+
+
+GLUON_CONFIG = {"BLOCK_S": 64, "BLOCK_H": 1, "BLOCK_T": 128, "KEY_TILES": 1, "LATE_HEAD_SUM": 0, "TMA": 0,
+                "HEAD_SPLITS": 1, "GLUON": 1, "num_warps": 4, "num_stages": 3, "SELECT_ROWS": 1, "SELECT_WARPS": 2,
+                "SELECT_INTERP": 1}
+GLUON_TILINGS = [{"BLOCK_T": t, "num_warps": w, "num_stages": n} for t, w in indexer_sm90.TILES.items()
+                 for n in indexer_sm90.STAGES]
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda" or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the Gluon scoring is sm_90's (Gluon has no interpreter mode)")
+@pytest.mark.parametrize(("batch", "seq", "heads"), [(2, 300, 64), (1, 1100, 64), (2, 45, 3)],
+                         ids=["b2-ragged", "three-tiles", "fewer-heads-than-slots"])
+def test_gluon_scores_match_eager(batch, seq, heads):
+    """The sm_90 Gluon scoring at each tiling and ring depth: query blocks past the sequence and
+    into the next batch element (their rows copy the last query's), key tiles past the entries,
+    several key tiles (275 entries), and fewer heads than the ring copies ahead."""
+    q, k, w = _gaussian(batch, seq, heads, 128, 4, seed=seq + heads)
+    reference = index_scores_reference(q, k, w, 4)
+    visible = reference > -float("inf")
+    for tiling in GLUON_TILINGS:
+        scores = indexer._score_rows(q, k, w, 4, {**GLUON_CONFIG, **tiling})[0]
+        torch.testing.assert_close(scores[visible], reference[visible], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda" or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the Gluon scoring is sm_90's (Gluon has no interpreter mode)")
+@pytest.mark.parametrize("tiling", GLUON_TILINGS, ids=lambda t: f"{t['BLOCK_T']}x{t['num_stages']}")
+def test_gluon_config_matches_reference_exactly(tiling):
+    """Indices and scores of the registered launch (integer inputs: exact, tie rule included)."""
+    assert_config_matches_reference(registry.get("indexer_fwd"), {**GLUON_CONFIG, **tiling}, seed=3)
+
+
+def test_gluon_scoring_says_where_it_cannot_run():
+    q, k, w = _gaussian(1, 40, 4, 128, 4, seed=1)
+    if current_arch() != "sm_90":
+        with pytest.raises(ValueError, match="GLUON is the sm_90 form of the indexer's scoring"):
+            indexer._score_rows(q, k, w, 4, GLUON_CONFIG)
+    assert indexer_sm90.fits(GLUON_CONFIG, 128) is None
+    assert indexer_sm90.fits({**GLUON_CONFIG, "BLOCK_H": 2, "TMA": 1, "BLOCK_T": 256}, 64) == (
+        "BLOCK_H 2 (it needs 1); TMA 1 (it needs 0); BLOCK_T 256 on 4 warps (it takes 128 on 4 or 256 on 8); "
+        "head dimension 64 (it needs 128)")
+    space, shape = load_space("indexer_fwd"), registry.get("indexer_fwd").presets["v4-flash"][0]
+    assert space.violation(GLUON_CONFIG, shape, "sm_90") is None
+    assert "wgmma" in space.violation(GLUON_CONFIG, shape, "sm_100")  # warpgroup MMA is sm_90's
+    assert "num_warps == 4" in space.violation({**GLUON_CONFIG, "num_warps": 8}, shape, "sm_90")
+    assert "KEY_TILES == 1" in space.violation({**GLUON_CONFIG, "KEY_TILES": 0}, shape, "sm_90")
 
 
 def test_tma_falls_back_to_pointers_on_rows_it_cannot_address():
