@@ -4,8 +4,8 @@ Triton's scoring (``kernels.indexer``) issues each head's dot and waits for it b
 the w weighting and the head sum. So a warp's tensor-core work and its epilogue take turns (on
 the H200 the tensor pipe was busy 47-54% of the scoring's time, ncu 2026-12-02e). Here the dots
 are asynchronous warpgroup MMAs. Head h + 1's dot runs while head h's result is ReLU'd, weighted
-and added. The q tiles of the next heads are copied into a shared-memory ring by ``cp.async``
-while both run.
+and added (four heads a loop iteration, of which the last waits for its dot alone). The q tiles
+of the next heads are copied into a shared-memory ring by ``cp.async`` while both run.
 
 Tiling: a program takes ``BLOCK_S`` = 64 queries of one batch element (latest first) and one
 key tile of ``BLOCK_T`` compressed entries, whose keys stay in shared memory for every head.
@@ -66,17 +66,25 @@ def _issue_head(q_ring, k_smem, q_ptr, zero, h, b, s0, S, H, BLOCK_S_: gl.conste
     head h + NUM_STAGES - 2's tile into the slot head h - 2's dot read.
 
     The wait is for this thread's copies; the barrier makes every thread's visible and puts every
-    warp past head h - 2's wait. One cp.async group a head (empty past the last head) keeps the
+    warp past head h - 2's wait. One cp.async group a head (empty past the last dot) keeps the
     wait count fixed; the keys are in head 0's group."""
     ahead: gl.constexpr = NUM_STAGES - 2
     async_copy.wait_group(ahead - 1)
     fence_async_shared()
     _cta_barrier()
-    if h + ahead < H:
-        _copy_rows(q_ring.index((h + ahead) % NUM_STAGES), q_ptr, b * S + s0, b * S + S - 1, H * D, (h + ahead) * D,
-                   BLOCK_S_, D, rows_layout)
+    if h + ahead < gl.cdiv(H, 4) * 4:  # dots past the last head read its q again
+        _copy_rows(q_ring.index((h + ahead) % NUM_STAGES), q_ptr, b * S + s0, b * S + S - 1, H * D,
+                   gl.minimum(h + ahead, H - 1) * D, BLOCK_S_, D, rows_layout)
     async_copy.commit_group()
     return warpgroup_mma(q_ring.index(h % NUM_STAGES), k_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _weighted(scores, w_ptr, w_rows, h, H):
+    """Head h's ReLU'd scores weighted by its fp32 w (the block's queries are rows ``w_rows``), zeros
+    past the last head."""
+    w = gl.load(w_ptr + w_rows + gl.minimum(h, H - 1)).to(gl.float32) * (h < H).to(gl.float32)
+    return gl.maximum(scores, 0.0) * w[:, None]
 
 
 @gluon.jit
@@ -103,26 +111,31 @@ def _index_score_sm90_kernel(
         # q rows are the (query, head) rows of [B * S * H, D]; k rows those of [B * T, D].
         _copy_rows(k_smem, k_ptr, b * T + t0, b * T + T - 1, D, 0, BLOCK_T, D, rows_layout)
         for h in gl.static_range(NUM_STAGES - 2):
-            if h < H:
-                _copy_rows(q_ring.index(h), q_ptr, b * S + s0, b * S + S - 1, H * D, h * D, BLOCK_S_, D,
-                           rows_layout)
+            if h < gl.cdiv(H, 4) * 4:
+                _copy_rows(q_ring.index(h), q_ptr, b * S + s0, b * S + S - 1, H * D, gl.minimum(h, H - 1) * D,
+                           BLOCK_S_, D, rows_layout)
             async_copy.commit_group()
         queries = s0 + gl.arange(0, BLOCK_S_, layout=gl.SliceLayout(1, scores_layout))
         w_rows = (b * S + gl.minimum(queries, S - 1)).to(gl.int64) * H
         zero = gl.zeros([BLOCK_S_, BLOCK_T], gl.float32, layout=scores_layout)
         total = zero
-        in_flight = _issue_head(q_ring, k_smem, q_ptr, zero, 0, b, s0, S, H, BLOCK_S_, D, NUM_STAGES, rows_layout)
-        w_in_flight = gl.load(w_ptr + w_rows).to(gl.float32)
-        for h in range(1, H):
-            dot = _issue_head(q_ring, k_smem, q_ptr, zero, h, b, s0, S, H, BLOCK_S_, D, NUM_STAGES, rows_layout)
-            w_h = gl.load(w_ptr + w_rows + h).to(gl.float32)
-            # Head h - 1's result while head h's dot runs.
-            done = warpgroup_mma_wait(num_outstanding=1, deps=(in_flight,))
-            total += gl.maximum(done, 0.0) * w_in_flight[:, None]
-            in_flight = dot
-            w_in_flight = w_h
-        done = warpgroup_mma_wait(num_outstanding=0, deps=(in_flight,))
-        total += gl.maximum(done, 0.0) * w_in_flight[:, None]
+        # Four heads an iteration: each head's result is read while the next head's dot runs, and
+        # only the last one's waits for its dot alone. No dot is in flight across the loop's back
+        # edge: an accumulator read in the iteration after its dot was issued made ptxas serialize
+        # every wgmma of the kernel (offline sm_90, Triton 3.6: C7514). A head count that is not a
+        # multiple of 4 runs dots of the last head again, weighted 0.
+        for h in range(0, H, 4):
+            dot_0 = _issue_head(q_ring, k_smem, q_ptr, zero, h, b, s0, S, H, BLOCK_S_, D, NUM_STAGES, rows_layout)
+            dot_1 = _issue_head(q_ring, k_smem, q_ptr, zero, h + 1, b, s0, S, H, BLOCK_S_, D, NUM_STAGES,
+                                rows_layout)
+            total += _weighted(warpgroup_mma_wait(num_outstanding=1, deps=(dot_0,)), w_ptr, w_rows, h, H)
+            dot_2 = _issue_head(q_ring, k_smem, q_ptr, zero, h + 2, b, s0, S, H, BLOCK_S_, D, NUM_STAGES,
+                                rows_layout)
+            total += _weighted(warpgroup_mma_wait(num_outstanding=1, deps=(dot_1,)), w_ptr, w_rows, h + 1, H)
+            dot_3 = _issue_head(q_ring, k_smem, q_ptr, zero, h + 3, b, s0, S, H, BLOCK_S_, D, NUM_STAGES,
+                                rows_layout)
+            total += _weighted(warpgroup_mma_wait(num_outstanding=1, deps=(dot_2,)), w_ptr, w_rows, h + 2, H)
+            total += _weighted(warpgroup_mma_wait(num_outstanding=0, deps=(dot_3,)), w_ptr, w_rows, h + 3, H)
         keys = t0 + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, scores_layout))
         visible = (queries + 1) // ratio
         mask = (queries < S)[:, None] & (keys[None, :] < visible[:, None])
