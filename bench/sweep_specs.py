@@ -559,7 +559,12 @@ INDEXER_GLUON_SPACE = {"GLUON": [1], "BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T":
                        "num_stages": [3, 4], "maxnreg": [None]}
 
 
-def indexer_gluon_specs() -> list[tuple[str, dict]]:
+# Its first H200 grid with unserialized MMAs (2026-12-03e) was fastest at its deepest q ring (4
+# slots, 7-15% faster than 3) and one warpgroup: 4 and 5 slots (2 programs an SM at 112 KiB).
+INDEXER_GLUON_RING_SPACE = INDEXER_GLUON_SPACE | {"BLOCK_T": [128], "num_warps": [4], "num_stages": [4, 5]}
+
+
+def indexer_gluon_specs(space: dict = INDEXER_GLUON_SPACE) -> list[tuple[str, dict]]:
     specs = []
     for shape in shapes_of("indexer_fwd"):
         committed = committed_config("indexer_fwd", shape)
@@ -568,7 +573,7 @@ def indexer_gluon_specs() -> list[tuple[str, dict]]:
         incumbent.setdefault("TMA", [0])
         name = f"indexer_fwd-gluon-{shape['seq']}-{shape['topk']}"
         specs += [(f"{name}-committed", grid_spec("indexer_fwd", [shape], incumbent)),
-                  (f"{name}-grid", grid_spec("indexer_fwd", [shape], INDEXER_GLUON_SPACE | held))]
+                  (f"{name}-grid", grid_spec("indexer_fwd", [shape], space | held))]
     return specs
 
 
@@ -635,6 +640,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-tma-head-blocks": lambda: indexer_scoring_grid_specs("tma-head-blocks", INDEXER_TMA_HEAD_BLOCKS_SPACE),
     "indexer-head-splits": indexer_head_splits_specs,
     "indexer-gluon": indexer_gluon_specs,
+    "indexer-gluon-ring": lambda: indexer_gluon_specs(INDEXER_GLUON_RING_SPACE),
 }
 
 
