@@ -37,7 +37,9 @@ Two launches, tuned together as ``indexer_fwd``:
   at once, so a second wave runs nearly empty; halved programs fill it (measured on the H200,
   2026-12-03e: no gain, the best split config 1.00-1.16x the best unsplit one). The causal mask is
   computed inline from the indices; only visible scores are stored, into fp32 ``[HEAD_SPLITS, B,
-  S, S // r]`` buffers (the rest is never written or read).
+  S, S // r]`` buffers (the rest is never written or read). ``GLUON`` 1 runs the scoring as the
+  sm_90 Gluon kernel of ``kernels.indexer_sm90`` instead (asynchronous warpgroup MMAs, each
+  head's epilogue under the next head's dot; fixed tilings).
 * Selection, in Triton. A program holds ``SELECT_ROWS`` score rows (``next_pow2(S // r)``
   values each) in registers, maps every score to an order-preserving uint32 key (-0.0 and
   +0.0 as one) and finds the k-th largest key exactly, a bit at a time from the top (at
