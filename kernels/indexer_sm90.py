@@ -34,7 +34,7 @@ from kernels.registry import Config
 BLOCK_S = 64
 DIM = 128
 TILES = {128: 4, 256: 8}  # BLOCK_T: num_warps
-STAGES = (3, 4, 5)  # q ring slots: one for the dot in flight, one for the next, the rest copied ahead
+STAGES = (3, 4, 5)  # q ring slots: the dot in flight, the next, the rest copied ahead (H200: 5 ~ 4 > 3)
 # Triton 3.6 names the CTA-wide barrier thread_barrier; later versions call it barrier.
 _cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 
