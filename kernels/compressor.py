@@ -37,7 +37,7 @@ writes it as one row of an fp32 ``[slabs, r, coff*d]`` buffer summed afterwards
 (``DAPE_ATOMIC = 0``: deterministic, but the partials cost ``slabs * r * coff * d * 4``
 bytes each way, which for HCA, with few entries per slab, nears the traffic of the
 gradients themselves). With ``SAVED_STATS`` (HCA only), the forward also saves each entry's
-fp32 log-sum-exp and c (``[B, G, d]`` each: 128 KB at S = 4,096, d = 512), so any ``p`` needs
+fp32 log-sum-exp and c (``[B, G, d]`` each: 64 KB at S = 4,096, d = 512), so any ``p`` needs
 no other window position: a program takes ``BLOCK_P`` window positions of ``BLOCK_D``
 channels over every entry, and its dape share is complete, written once, with no partials,
 atomics or second launch (deterministic). The autograd Function resolves the backward's config
