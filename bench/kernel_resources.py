@@ -114,11 +114,17 @@ def loop_uniform_moves(sass: str) -> list[int]:
     return _count_in_loops(sass, "R2UR")
 
 
+def loop_wgmma_waits(sass: str) -> list[int]:
+    """Warpgroup-MMA waits (``WARPGROUP.DEPBAR``) in each loop body: one after every HGMMA where
+    ptxas serialized the kernel's asynchronous MMAs (its warning C7514)."""
+    return _count_in_loops(sass, "WARPGROUP.DEPBAR")
+
+
 def _sass_counts(cubin: bytes) -> dict[str, Any]:
     sass = _cuobjdump(cubin, "-sass")
     return {"hgmma": len(re.findall(r"\bHGMMA\.", sass)), "hmma": len(re.findall(r"\bHMMA\.", sass)),
             "loop_instructions": loop_bodies(sass), "loop_barriers": loop_barriers(sass),
-            "loop_uniform_moves": loop_uniform_moves(sass)}
+            "loop_uniform_moves": loop_uniform_moves(sass), "loop_wgmma_waits": loop_wgmma_waits(sass)}
 
 
 def _registers_and_spills(compiled: Any, offline: bool) -> tuple[int, int]:
@@ -215,8 +221,9 @@ def agreement_table(rows: list[dict[str, Any]]) -> str:
 def resources_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one line per compiled kernel of each (launch, shape, variant)."""
     lines = ["| launch | shape | variant | Triton kernel | registers | spilled B | shared KiB | warps | stages "
-             "| programs / SM | wgmma | mma.sync | loop bodies (instructions) | loop CTA barriers | loop R2UR |",
-             "|" + "---|" * 15]
+             "| programs / SM | wgmma | mma.sync | loop bodies (instructions) | loop CTA barriers | loop R2UR "
+             "| loop wgmma waits |",
+             "|" + "---|" * 16]
     for r in rows:
         for fn, k in r["triton_kernels"].items():
             lines.append(f"| {r['kernel']} | {r['shape']} | {r['variant']} | {fn} | {k['n_regs']} | {k['spilled_bytes']} "
@@ -224,7 +231,8 @@ def resources_table(rows: list[dict[str, Any]]) -> str:
                          f"| {k['programs_per_sm']} | {k['hgmma']} | {k['hmma']} "
                          f"| {', '.join(map(str, k.get('loop_instructions', [])))} "
                          f"| {', '.join(map(str, k.get('loop_barriers', [])))} "
-                         f"| {', '.join(map(str, k.get('loop_uniform_moves', [])))} |")
+                         f"| {', '.join(map(str, k.get('loop_uniform_moves', [])))} "
+                         f"| {', '.join(map(str, k.get('loop_wgmma_waits', [])))} |")
     return "\n".join(lines) + "\n"
 
 

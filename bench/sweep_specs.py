@@ -496,6 +496,12 @@ INDEXER_ONE_HEAD_BLOCK_SPACE = {"BLOCK_S": [1, 2, 4], "BLOCK_H": [64], "BLOCK_T"
                                 **INDEXER_TRITON_UNSPLIT}
 
 
+def committed_selection(shape: dict) -> dict:
+    """The selection params of the committed indexer entry for ``shape``, as one-choice space overrides."""
+    committed = committed_config("indexer_fwd", shape)
+    return {p: [committed[p]] for p in INDEXER_INTERP_SELECT_SPACE}
+
+
 def indexer_scoring_grid_specs(name: str, scoring: dict, topk: int | None = None) -> list[tuple[str, dict]]:
     """Grids of the scoring params ``scoring`` at each indexer shape (of ``topk`` only, if given), each
     shape's selection held at its committed entry."""
@@ -503,8 +509,7 @@ def indexer_scoring_grid_specs(name: str, scoring: dict, topk: int | None = None
     for shape in shapes_of("indexer_fwd"):
         if topk is not None and shape["topk"] != topk:
             continue
-        selection = committed_config("indexer_fwd", shape)
-        space = scoring | {p: [selection[p]] for p in INDEXER_INTERP_SELECT_SPACE}
+        space = scoring | committed_selection(shape)
         specs.append((f"indexer_fwd-{name}-grid-{shape['seq']}-{shape['topk']}", grid_spec("indexer_fwd", [shape], space)))
     return specs
 
@@ -539,8 +544,7 @@ def indexer_head_splits_specs() -> list[tuple[str, dict]]:
     specs = []
     tilings = [committed_config("indexer_fwd", shape) for shape in shapes_of("indexer_fwd", 4096)]
     for shape in shapes_of("indexer_fwd"):
-        selection = committed_config("indexer_fwd", shape)
-        held = {p: [selection[p]] for p in INDEXER_INTERP_SELECT_SPACE}
+        held = committed_selection(shape)
         name = f"indexer_fwd-head-splits-{shape['seq']}-{shape['topk']}"
         if shape["seq"] == 4096:
             for n, tiling in enumerate(tilings):
@@ -560,20 +564,18 @@ INDEXER_GLUON_SPACE = {"GLUON": [1], "BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T":
 
 
 # Its first H200 grid with unserialized MMAs (2026-12-03e) was fastest at its deepest q ring (4
-# slots, 7-15% faster than 3) and one warpgroup: 4 and 5 slots (2 programs an SM at 112 KiB).
+# slots, 10-16% faster than 3) and one warpgroup: 4 and 5 slots (2 programs an SM at 112 KiB).
 INDEXER_GLUON_RING_SPACE = INDEXER_GLUON_SPACE | {"BLOCK_T": [128], "num_warps": [4], "num_stages": [4, 5]}
 
 
 def indexer_gluon_specs(space: dict = INDEXER_GLUON_SPACE) -> list[tuple[str, dict]]:
     specs = []
     for shape in shapes_of("indexer_fwd"):
-        committed = committed_config("indexer_fwd", shape)
-        held = {p: [committed[p]] for p in INDEXER_INTERP_SELECT_SPACE}
-        incumbent = {p: [v] for p, v in committed.items()} | INDEXER_TRITON_UNSPLIT
+        incumbent = {p: [v] for p, v in committed_config("indexer_fwd", shape).items()} | INDEXER_TRITON_UNSPLIT
         incumbent.setdefault("TMA", [0])
         name = f"indexer_fwd-gluon-{shape['seq']}-{shape['topk']}"
         specs += [(f"{name}-committed", grid_spec("indexer_fwd", [shape], incumbent)),
-                  (f"{name}-grid", grid_spec("indexer_fwd", [shape], space | held))]
+                  (f"{name}-grid", grid_spec("indexer_fwd", [shape], space | committed_selection(shape)))]
     return specs
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.kernel_resources import loop_barriers, loop_bodies, loop_uniform_moves
+from bench.kernel_resources import loop_barriers, loop_bodies, loop_uniform_moves, loop_wgmma_waits
 
 # Shaped like cuobjdump -sass: 16-byte instructions, one predicated backward branch (a loop of
 # 0x2000..0x2740), one forward branch and the trailing self-branch at the end of every kernel.
@@ -41,3 +41,13 @@ def test_loop_uniform_moves_count_the_r2urs_inside_each_body():
         "        /*2030*/                   R2UR UR41, R249 ;\n        /*2000*/")
     assert loop_uniform_moves(sass) == [2]  # the one at 0x1ff0 is before the loop
     assert loop_uniform_moves(SASS) == [0]
+
+
+def test_loop_wgmma_waits_count_the_warpgroup_depbars_inside_each_body():
+    sass = SASS.replace(
+        "        /*2000*/", "        /*1ff0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n"
+        "        /*2010*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT, gsb0 ;\n"
+        "        /*2020*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n"
+        "        /*2030*/                   DEPBAR.LE SB0, 0x0 ;\n        /*2000*/")
+    assert loop_wgmma_waits(sass) == [1]  # the one at 0x1ff0 is before the loop; DEPBAR is cp.async's
+    assert loop_wgmma_waits(SASS) == [0]
