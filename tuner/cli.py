@@ -17,7 +17,7 @@ from kernels.tuning import PACKAGED_TABLES, table_path
 from search_spaces import SpaceError, UnknownArchError
 from tuner import display, queue
 from tuner.cli_errors import reporting
-from tuner.export import NothingToExport, export_table
+from tuner.export import NothingToExport, export_table, host_bound_entries
 from tuner.plan_cli import plan_app
 from tuner import plan_validate_cli  # noqa: F401 - adds ``tuner plan validate`` to plan_app
 from tuner.quickstart import quickstart_specs
@@ -179,12 +179,18 @@ def export(arch: Annotated[str, typer.Option(help="arch to export, e.g. sm_90")]
            merge: Annotated[bool, typer.Option(
                help="keep the existing table's entries for (kernel, shape) pairs the database has no trial for, "
                     "and its faster entries of the kernels given to --fastest")] = False,
+           rank: Annotated[str, typer.Option(
+               help="eager: compare configs by the longer of device and host time a call (back-to-back eager "
+                    "calls); device: by device time alone (CUDA-graph steps)")] = "eager",
            ) -> None:
-    """Write the tuned table of ARCH from the database; warn where an older sweep's winner was faster."""
-    path, slower = export_table(state.engine, arch, out, skip_kernel or (), fastest or (), merge)
+    """Write the tuned table of ARCH from the database; warn where an older sweep's winner was faster,
+    and where an entry's eager calls wait on the host."""
+    path, slower = export_table(state.engine, arch, out, skip_kernel or (), fastest or (), merge, rank)
     typer.echo(f"wrote {path}")
     for line in slower:
         typer.echo(f"warning: {line} (--fastest KERNEL takes the faster one)", err=True)
+    for line in host_bound_entries(json.loads(path.read_text())):
+        typer.echo(f"warning: {line}", err=True)
 
 
 @tables_app.command("show")

@@ -84,10 +84,12 @@ def compact(config: dict[str, Any]) -> str:
 
 def tuned_table(table: dict[str, Any]) -> Table:
     prov = table["provenance"]
-    out = Table("kernel", "shape", "config", "median ms", "GB/s", "sweep",
+    out = Table("kernel", "shape", "config", "median ms", "host ms", "GB/s", "sweep",
                 title=f"{table['arch']}: {', '.join(prov['devices']) or '?'} (exported {prov['exported_at']})")
     for kernel, entries in sorted(table["entries"].items()):
         for shape, e in sorted(entries.items()):
+            host = e.get("host_ms")  # a call's host time: entries exported before it was measured lack it
             out.add_row(kernel, shape, compact(e["config"]), f"{e['median_ms']:.4f}",
+                        f"{host:.4f}" if host is not None else "-",
                         f"{e['gbps']:.0f}" if e.get("gbps") else "-", str(e["sweep_id"]))
     return out

@@ -12,6 +12,10 @@ elsewhere, a re-sweep of some kernels only); the provenance then says which entr
 and from which export. Where that table's entry is faster than the database's, the export
 names it, and keeps it for the kernels in ``fastest``. The file is written to a temporary name and renamed, so a reader never
 sees half a table.
+
+Times compare under a rank (``tuner.ranking``): by default a config's eager call time, the longer
+of its device and host times. Each entry records its host time, and :func:`host_bound_entries`
+names the entries whose eager calls wait on the host.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from sqlalchemy import Engine, select
 
 from db import Trial, TrialStatus, session_scope
 from kernels.tuning import TABLE_SCHEMA_VERSION, table_path
+from tuner.ranking import RANKS, Rank, entry_ms, trial_host_ms, trial_ms
 
 
 class NothingToExport(LookupError):
@@ -38,10 +43,6 @@ ALL = "all"
 REGRESSION_TOLERANCE = 0.05  # timing noise across device sessions stays below this
 
 
-def _ms(row: Trial) -> float:
-    return row.retime_ms if row.retime_ms is not None else row.median_ms
-
-
 def _ok_trials(engine: Engine, arch: str) -> list[Trial]:
     with session_scope(engine) as session:
         return list(session.scalars(
@@ -49,11 +50,11 @@ def _ok_trials(engine: Engine, arch: str) -> list[Trial]:
         ).all())
 
 
-def _choose(rows: Sequence[Trial], fastest: Collection[str]) -> list[Trial]:
+def _choose(rows: Sequence[Trial], fastest: Collection[str], rank: Rank) -> list[Trial]:
     """See :func:`best_trials`."""
     def preference(row: Trial) -> tuple[bool, float, float]:
         newest = row.is_winner and ALL not in fastest and row.kernel not in fastest
-        return row.is_winner, row.sweep_id if newest else 0, -_ms(row)
+        return row.is_winner, row.sweep_id if newest else 0, -trial_ms(row, rank)
 
     chosen: dict[tuple[str, str], Trial] = {}
     for row in rows:
@@ -63,32 +64,33 @@ def _choose(rows: Sequence[Trial], fastest: Collection[str]) -> list[Trial]:
     return [chosen[k] for k in sorted(chosen)]
 
 
-def best_trials(engine: Engine, arch: str, fastest: Collection[str] = ()) -> list[Trial]:
+def best_trials(engine: Engine, arch: str, fastest: Collection[str] = (), rank: Rank = "eager") -> list[Trial]:
     """The chosen trial per (kernel, shape_key) for ``arch``: winners first (of the newest sweep, or
     the fastest of any sweep for the kernels in ``fastest``, every kernel with ``all``), then the
-    fastest ok trial."""
-    return _choose(_ok_trials(engine, arch), fastest)
+    fastest ok trial; fastest under ``rank``."""
+    return _choose(_ok_trials(engine, arch), fastest, rank)
 
 
-def regressions(trials: Sequence[Trial], fastest_of_all: Sequence[Trial]) -> list[str]:
-    """One line per chosen trial slower, beyond timing noise, than the fastest winner of its (kernel,
-    shape) over every sweep (``fastest_of_all``: the choice with ``fastest=("all",)``)."""
+def regressions(trials: Sequence[Trial], fastest_of_all: Sequence[Trial], rank: Rank = "eager") -> list[str]:
+    """One line per chosen trial slower under ``rank``, beyond timing noise, than the fastest winner of
+    its (kernel, shape) over every sweep (``fastest_of_all``: the choice with ``fastest=("all",)``)."""
     best = {(t.kernel, t.shape_key): t for t in fastest_of_all}
     lines = []
     for t in trials:
         other = best[(t.kernel, t.shape_key)]
-        if other.id != t.id and _ms(t) > _ms(other) * (1 + REGRESSION_TOLERANCE):
-            lines.append(f"{t.kernel} {t.shape_key}: sweep {t.sweep_id}'s winner takes {_ms(t):.4g} ms, "
-                         f"sweep {other.sweep_id}'s {_ms(other):.4g} ms")
+        ms, other_ms = trial_ms(t, rank), trial_ms(other, rank)
+        if other.id != t.id and ms > other_ms * (1 + REGRESSION_TOLERANCE):
+            lines.append(f"{t.kernel} {t.shape_key}: sweep {t.sweep_id}'s winner takes {ms:.4g} ms, "
+                         f"sweep {other.sweep_id}'s {other_ms:.4g} ms")
     return lines
 
 
 def build_table(trials: list[Trial], arch: str, skipped: Sequence[str] = (),
-                fastest: Sequence[str] = ()) -> dict[str, Any]:
+                fastest: Sequence[str] = (), rank: Rank = "eager") -> dict[str, Any]:
     entries: dict[str, dict[str, Any]] = {}
     for t in trials:
         entries.setdefault(t.kernel, {})[t.shape_key] = {
-            "config": t.config, "median_ms": t.median_ms, "retime_ms": t.retime_ms,
+            "config": t.config, "median_ms": t.median_ms, "retime_ms": t.retime_ms, "host_ms": trial_host_ms(t),
             "gbps": t.metrics.get("gbps"), "sweep_id": t.sweep_id, "trial_id": t.id, "identity": t.identity,
         }
     return {
@@ -104,17 +106,27 @@ def build_table(trials: list[Trial], arch: str, skipped: Sequence[str] = (),
             "sweep_ids": sorted({t.sweep_id for t in trials}),
             "skipped_kernels": sorted(skipped),
             "fastest_kernels": sorted(fastest),
+            "rank": rank,
         },
         "entries": entries,
     }
 
 
-def _entry_ms(entry: dict[str, Any]) -> float | None:
-    return entry.get("retime_ms") if entry.get("retime_ms") is not None else entry.get("median_ms")
+def host_bound_entries(table: dict[str, Any]) -> list[str]:
+    """One line per entry whose eager calls wait on the host: its host time a call exceeds its device
+    time (entries from before host times were measured have none)."""
+    lines = []
+    for kernel, shapes in sorted(table["entries"].items()):
+        for key, entry in sorted(shapes.items()):
+            device, eager = entry_ms(entry, "device"), entry_ms(entry, "eager")
+            if device is not None and eager is not None and eager > device:
+                lines.append(f"{kernel} {key}: host-bound, {eager:.4g} ms of host time a call against "
+                             f"{device:.4g} ms on the device")
+    return lines
 
 
 def _merged(table: dict[str, Any], previous: dict[str, Any], skip: Sequence[str],
-            fastest: Collection[str]) -> tuple[dict[str, Any], list[str]]:
+            fastest: Collection[str], rank: Rank) -> tuple[dict[str, Any], list[str]]:
     """``table`` plus the ``previous`` table's entries of (kernel, shape) pairs it lacks (not of skipped
     kernels), and of pairs where the previous entry is faster, for the kernels in ``fastest``; the
     devices, hosts and toolchains joined, and the kept entries counted per kernel with the sweep ids
@@ -128,7 +140,7 @@ def _merged(table: dict[str, Any], previous: dict[str, Any], skip: Sequence[str]
         for key, entry in shapes.items():
             new = table["entries"].get(kernel, {}).get(key)
             if new is not None:
-                old_ms, new_ms = _entry_ms(entry), _entry_ms(new)
+                old_ms, new_ms = entry_ms(entry, rank), entry_ms(new, rank)
                 if old_ms is None or new_ms is None or old_ms >= new_ms:
                     continue
                 if ALL not in fastest and kernel not in fastest:
@@ -165,17 +177,19 @@ def _previous_table(path: Path, arch: str) -> dict[str, Any]:
 
 
 def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: Sequence[str] = (),
-                 fastest: Sequence[str] = (), merge: bool = False) -> tuple[Path, list[str]]:
+                 fastest: Sequence[str] = (), merge: bool = False, rank: Rank = "eager") -> tuple[Path, list[str]]:
     """Write ``<out_dir>/<arch>.json`` atomically; its path and the :func:`regressions` of what it holds
     (with ``merge``, also the merged table's entries faster than what replaced them).
 
     ``skip`` leaves kernels out (their launches then use the heuristic default), e.g. while
     their sweeps are known to be unfinished; ``fastest`` (see :func:`best_trials`). The table's
     provenance lists both. ``merge`` keeps the existing table's entries the database cannot
-    replace (see the module doc).
+    replace (see the module doc). Times compare under ``rank``.
     """
+    if rank not in RANKS:
+        raise NothingToExport(f"--rank: {rank!r} is not one of {', '.join(RANKS)}")
     rows = _ok_trials(engine, arch)
-    trials = _choose(rows, fastest)
+    trials = _choose(rows, fastest, rank)
     path = table_path(arch, out_dir)
     previous = _previous_table(path, arch) if merge else {}
     # A kernel named to an option must have trials here or, with merge, entries in the kept table
@@ -189,10 +203,10 @@ def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: S
     trials = [t for t in trials if t.kernel not in skip]
     if not trials:
         raise NothingToExport(f"no ok trials for arch {arch!r} in the database")
-    table = build_table(trials, arch, skip, fastest)
-    slower = regressions(trials, _choose(rows, (ALL,)))
+    table = build_table(trials, arch, skip, fastest, rank)
+    slower = regressions(trials, _choose(rows, (ALL,), rank), rank)
     if merge:
-        table, slower_than_kept = _merged(table, previous, skip, fastest)
+        table, slower_than_kept = _merged(table, previous, skip, fastest, rank)
         slower += slower_than_kept
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{arch}.", suffix=".json")

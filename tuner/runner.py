@@ -32,6 +32,7 @@ from db.models import utcnow
 from kernels import registry
 from tuner import queue
 from tuner.identity import config_identity
+from tuner.ranking import call_ms, trial_ms
 from tuner.spec import SweepSpec
 from tuner.strategies import ConfigSource, GridSource, OptunaSource, Proposal, default_in_space, make_sampler
 from workers.compile_task import compile_config
@@ -46,6 +47,11 @@ COMPILE_MEMORY_SHARE = 0.25
 # can be the machine's state rather than the config's, so those are measured again.
 REUSABLE = (TrialStatus.ok.value, TrialStatus.compile_error.value)
 ProgressFn = Callable[[str, int, int, float | None], None]
+
+
+def _screening_metrics(trial: Trial) -> dict[str, Any]:
+    """A trial's metrics without its re-timing's: a reuse is measured beside other rivals, if at all."""
+    return {k: v for k, v in trial.metrics.items() if not k.startswith("retime_")}
 
 
 def reusable_trial(session: Session, identity: str) -> Trial | None:
@@ -296,18 +302,24 @@ class SweepRunner:
                 session.add(self._trial(
                     state.key, proposal.config, identity, status=previous.status, median_ms=previous.median_ms,
                     p20_ms=previous.p20_ms, p80_ms=previous.p80_ms, reps=previous.reps,
-                    metrics={**previous.metrics, "reused_from": previous.id}, error=previous.error,
+                    metrics={**_screening_metrics(previous), "reused_from": previous.id}, error=previous.error,
                     host=previous.host, gpu_name=previous.gpu_name, sm_count=previous.sm_count,
                     versions=previous.versions))
                 state.evaluated += 1
-            status, median = previous.status, previous.median_ms
-        self._tell(state, proposal, status, median)
+            status, time_ms = previous.status, self._screening_ms(previous)
+        self._tell(state, proposal, status, time_ms)
         return True
 
-    def _tell(self, state: ShapeState, proposal: Proposal, status: str, median_ms: float | None) -> None:
-        state.source.report(proposal, status, median_ms)
+    def _screening_ms(self, trial: Trial) -> float | None:
+        """What the search is told of a measured trial: its screening time under the sweep's rank."""
+        if trial.median_ms is None:
+            return None
+        return call_ms(trial.median_ms, (trial.metrics or {}).get("host_ms"), self.timing.rank)
+
+    def _tell(self, state: ShapeState, proposal: Proposal, status: str, time_ms: float | None) -> None:
+        state.source.report(proposal, status, time_ms)
         if status == TrialStatus.ok.value:
-            state.best_ms = median_ms if state.best_ms is None else min(state.best_ms, median_ms)
+            state.best_ms = time_ms if state.best_ms is None else min(state.best_ms, time_ms)
         self._report(state)
 
     def _trial(self, key: str, config: dict[str, Any], identity: str, **measured: Any) -> Trial:
@@ -326,14 +338,14 @@ class SweepRunner:
         info = self.pool.infos[worker] if worker is not None else {}
         metrics = {**result.get("metrics", {}), **({"busy_s": result["busy_s"]} if "busy_s" in result else {})}
         with session_scope(self.engine) as session:
-            session.add(self._trial(
+            session.add(trial := self._trial(
                 state.key, pending.config, pending.identity, status=result["status"],
                 median_ms=result.get("median_ms"), p20_ms=result.get("p20_ms"), p80_ms=result.get("p80_ms"),
                 reps=result.get("reps"), error=result.get("error"), metrics=metrics,
                 host=info.get("host"), gpu_name=info.get("gpu_name"), sm_count=info.get("sm_count"),
                 versions=self.toolchain, started_at=pending.started_at))
         state.evaluated += 1
-        self._tell(state, pending.proposal, result["status"], result.get("median_ms"))
+        self._tell(state, pending.proposal, result["status"], self._screening_ms(trial))
 
     def _report(self, state: ShapeState) -> None:
         done = state.evaluated + (state.pruned if self.spec.budget_counts_pruned else 0)
@@ -342,19 +354,21 @@ class SweepRunner:
 
     # -- re-timing of the best configs -------------------------------------------------
     def _retime(self, state: ShapeState) -> None:
-        """Time the best few configs together on every device worker; mark the winner."""
+        """Time the best few configs (under the sweep's rank) together on every device worker; mark the
+        winner."""
         with session_scope(self.engine) as session:
             rows = session.scalars(
                 select(Trial).where(Trial.sweep_id == self.sweep_id, Trial.shape_key == state.key,
-                                    Trial.status == TrialStatus.ok.value).order_by(Trial.median_ms)
+                                    Trial.status == TrialStatus.ok.value)
             ).all()
             best: dict[str, Trial] = {}
-            for row in rows:
+            for row in sorted(rows, key=self._screening_ms):
                 best.setdefault(row.identity, row)
             candidates = list(best.values())[: self.timing.retime_top]
             if not candidates:
                 return
             per_worker: list[list[float]] = []
+            host_per_worker: list[list[float]] = []
             if len(candidates) > 1:
                 request = {"kernel": self.kernel.name, "shape": state.shape, "configs": [c.config for c in candidates],
                            "seed": self.timing.input_seed, "rounds": self.timing.retime_rounds,
@@ -363,6 +377,7 @@ class SweepRunner:
                 timeout = self.timing.trial_timeout_s * len(candidates)
                 answers = [self._get(r) for r in [w.retime.remote(request, timeout) for w in self.pool.workers]]
                 per_worker = [a["medians_ms"] for a in answers if a.get("status") == "ok"]
+                host_per_worker = [a["host_medians_ms"] for a in answers if "host_medians_ms" in a]
                 retime_busy_s = [a.get("busy_s", 0.0) for a in answers]
             session.execute(update(Trial).where(Trial.sweep_id == self.sweep_id, Trial.shape_key == state.key)
                             .values(is_winner=False))
@@ -371,7 +386,9 @@ class SweepRunner:
                 if samples:
                     row.retime_ms = statistics.median(samples)
                     row.metrics = {**row.metrics, "retime_per_worker_ms": samples}
-            winner = min(candidates, key=lambda r: r.retime_ms if r.retime_ms is not None else r.median_ms)
+                if host_per_worker:
+                    row.metrics = {**row.metrics, "retime_host_ms": statistics.median(w[i] for w in host_per_worker)}
+            winner = min(candidates, key=lambda r: trial_ms(r, self.timing.rank))
             winner.is_winner = True
             if per_worker:
                 winner.metrics = {**winner.metrics, "retime_busy_s": retime_busy_s}

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, V
 
 from kernels import registry
 from search_spaces import ARCH_FACTS, SearchSpace, SpaceError, load_space
+from tuner.ranking import Rank
 
 
 class SpecError(ValueError):
@@ -46,6 +47,9 @@ class TimingSettings(_Strict):
     retime_rep_ms: PositiveFloat = 100.0
     method: Literal["events", "cudagraph"] = Field(
         "events", description="cudagraph: device time without host launch cost (microsecond kernels)")
+    rank: Rank = Field("eager", description="eager: a config's time is the longer of its device and host times, "
+                       "what back-to-back eager calls run at; device: device time alone, for CUDA-graph steps "
+                       "(tuner.ranking)")
     input_seed: int = 0
 
 

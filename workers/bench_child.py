@@ -23,7 +23,7 @@ from kernels import registry
 from kernels.arch import INTERPRETER_ARCH, current_arch, kernel_device
 from workers.device_info import describe_device
 from workers.errors import error_text
-from workers.timing import measure
+from workers.timing import host_ms, measure
 
 # Compile-time failures of a config (as opposed to faults of the process).
 try:
@@ -85,9 +85,11 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
     problem = mismatch(outputs, reference, request["atol"], request["rtol"])
     if problem:
         return {"status": "wrong", "error": problem}
-    timing = measure(lambda: kernel.run(inputs, config), request["warmup_ms"], request["rep_ms"], on_gpu,
-                     request.get("method", "events"))
+    call = lambda: kernel.run(inputs, config)  # noqa: E731 - one call of the launch
+    timing = measure(call, request["warmup_ms"], request["rep_ms"], on_gpu, request.get("method", "events"))
     metrics = {"gbps": kernel.bytes_moved(shape) / (timing.median_ms * 1e-3) / 1e9}
+    if on_gpu:  # the interpreter's calls are synchronous: its host time is the whole time
+        metrics["host_ms"] = host_ms(call)
     if kernel.flops is not None:
         metrics["tflops"] = kernel.flops(shape) / (timing.median_ms * 1e-3) / 1e12
     return {"status": "ok", "median_ms": timing.median_ms, "p20_ms": timing.p20_ms,
@@ -95,20 +97,27 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def retime(request: dict[str, Any]) -> dict[str, Any]:
-    """Time several configs interleaved, round after round, so drift hits them all alike."""
+    """Time several configs interleaved, round after round, so drift hits them all alike; on a GPU
+    their host times too (``tuner.ranking``)."""
     kernel = registry.get(request["kernel"])
     shape = request["shape"]
     on_gpu = current_arch() != INTERPRETER_ARCH
     inputs, _ = _inputs_and_reference(kernel, shape, request.get("seed", 0))
     configs = request["configs"]
     samples: list[list[float]] = [[] for _ in configs]
+    host_samples: list[list[float]] = [[] for _ in configs]
     generator = torch.Generator().manual_seed(request.get("seed", 0))
     for _ in range(request["rounds"]):
         for i in torch.randperm(len(configs), generator=generator).tolist():
-            timing = measure(lambda: kernel.run(inputs, configs[i]), request["warmup_ms"], request["rep_ms"], on_gpu,
-                             request.get("method", "events"))
+            call = lambda: kernel.run(inputs, configs[i])  # noqa: E731 - one call of the launch
+            timing = measure(call, request["warmup_ms"], request["rep_ms"], on_gpu, request.get("method", "events"))
             samples[i].append(timing.median_ms)
-    return {"status": "ok", "medians_ms": [sorted(s)[len(s) // 2] for s in samples]}
+            if on_gpu:
+                host_samples[i].append(host_ms(call))
+    reply = {"status": "ok", "medians_ms": [sorted(s)[len(s) // 2] for s in samples]}
+    if on_gpu:
+        reply["host_medians_ms"] = [sorted(s)[len(s) // 2] for s in host_samples]
+    return reply
 
 
 HANDLERS = {"describe": lambda _request: describe_device(), "trial": run_trial, "retime": retime}

@@ -7,6 +7,10 @@ kernel's, and then events time the host. ``cudagraph`` removes the host: it capt
 (L2 flush, launch) pairs in a CUDA graph, times replays, and subtracts replays of a graph
 of the flushes alone, so what remains is device time with a cold L2, as in a training step
 where launches are queued ahead of the GPU.
+
+Neither sees what the host spends on a call (argument checks, allocations, TMA descriptors,
+Triton's dispatch). An eager step calls back to back, so a launch whose host time exceeds its
+device time runs at its host time. ``host_ms`` measures it apart, for ``tuner.ranking``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ Method = Literal["events", "cudagraph"]
 FLUSH_BYTES = 256 << 20  # several times the L2 of current GPUs
 GRAPH_LAUNCHES = 20
 GRAPH_REPLAYS = 10
+HOST_CALLS = 20  # back-to-back calls a host sample: few enough that the launch queue never fills
+HOST_ROUNDS = 5
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,22 @@ def measure_graph(fn: Callable[[], object]) -> Timing:
     flush_only = statistics.median(_replay_ms(flush.zero_))
     with_fn = _replay_ms(lambda: (flush.zero_(), fn()))
     return _summarise([(s - flush_only) / GRAPH_LAUNCHES for s in with_fn])
+
+
+def host_ms(fn: Callable[[], object], calls: int = HOST_CALLS, rounds: int = HOST_ROUNDS) -> float:
+    """Median over ``rounds`` of the host's milliseconds a call over ``calls`` back-to-back calls of
+    ``fn`` that do not wait for the GPU (it is idle at the start of each round; without one, the
+    calls' whole time)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    samples = []
+    for _ in range(rounds):
+        sync()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) * 1e3 / calls)
+    sync()
+    return statistics.median(samples)
 
 
 def measure(fn: Callable[[], object], warmup_ms: float, rep_ms: float, on_gpu: bool,

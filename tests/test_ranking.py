@@ -1,0 +1,99 @@
+"""Configs ranked by the time of an eager call: the longer of device and host time (``tuner.ranking``).
+
+On the H200 a table entry chosen by device time alone ran 1.4-1.8x slower in eager calls, because
+its host time (TMA descriptors built a call) exceeded its device time. These tests check that the
+host time measured beside a trial reaches the ranking, the export and the table.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from db import Sweep, Trial, open_database, session_scope
+from tuner.export import NothingToExport, best_trials, export_table, host_bound_entries
+from tuner.ranking import call_ms, host_bound, trial_ms
+from workers.timing import host_ms
+
+SHAPE = "n=100"
+
+
+def _trial(median_ms: float, host: float | None = None, retime_ms: float | None = None,
+           retime_host: float | None = None, **fields) -> Trial:
+    metrics = {k: v for k, v in (("host_ms", host), ("retime_host_ms", retime_host)) if v is not None}
+    return Trial(kernel="k", shape_key=SHAPE, arch="sm_90", identity=str(fields.get("config")), status="ok",
+                 median_ms=median_ms, retime_ms=retime_ms, metrics=metrics, versions={}, **fields)
+
+
+def test_an_eager_call_costs_the_longer_of_device_and_host_time():
+    assert call_ms(0.10, 0.15, "eager") == 0.15
+    assert call_ms(0.10, 0.05, "eager") == 0.10
+    assert call_ms(0.10, 0.15, "device") == 0.10
+    assert call_ms(0.10, None, "eager") == 0.10  # no host time measured (the interpreter, older trials)
+
+
+def test_a_retimed_trial_ranks_by_its_retiming_host_time_included():
+    trial = _trial(0.12, host=0.30, retime_ms=0.11, retime_host=0.13)
+    assert trial_ms(trial, "eager") == 0.13 and trial_ms(trial, "device") == 0.11
+    assert host_bound(trial)
+    assert not host_bound(_trial(0.12, host=0.05)) and not host_bound(_trial(0.12))
+
+
+def test_host_ms_times_the_calls_not_the_device():
+    """On the CPU a call's whole time is host time: a 2 ms call measures 2 ms, not less."""
+    measured = host_ms(lambda: time.sleep(0.002), calls=5, rounds=3)
+    assert 2.0 <= measured < 20.0
+
+
+def _database(tmp_path):
+    """One sweep, one shape: a device-fast config whose host time is 0.19 ms a call (TMA descriptors),
+    and a pointer config 0.125 ms on the device and 0.07 ms on the host. Neither is a winner, so the
+    export takes the fastest ok trial."""
+    engine = open_database(f"sqlite:///{tmp_path}/t.db")
+    with session_scope(engine) as session:
+        sweep = Sweep(kernel="k", arch="sm_90", spec={}, status="done")
+        session.add(sweep)
+        session.flush()
+        session.add_all([_trial(0.110, host=0.190, config={"TMA": 1}, sweep_id=sweep.id),
+                         _trial(0.125, host=0.070, config={"TMA": 0}, sweep_id=sweep.id)])
+    return engine
+
+
+def test_export_ranks_eager_calls_by_default_and_device_time_when_asked(tmp_path):
+    engine = _database(tmp_path)
+    assert best_trials(engine, "sm_90")[0].config == {"TMA": 0}
+    assert best_trials(engine, "sm_90", rank="device")[0].config == {"TMA": 1}
+    table = json.loads(export_table(engine, "sm_90", tmp_path / "eager")[0].read_text())
+    entry = table["entries"]["k"][SHAPE]
+    assert entry["config"] == {"TMA": 0} and entry["host_ms"] == 0.070
+    assert table["provenance"]["rank"] == "eager" and host_bound_entries(table) == []
+
+
+def test_a_device_ranked_export_names_its_host_bound_entries(tmp_path):
+    engine = _database(tmp_path)
+    table = json.loads(export_table(engine, "sm_90", tmp_path / "device", rank="device")[0].read_text())
+    assert table["entries"]["k"][SHAPE]["config"] == {"TMA": 1}
+    assert host_bound_entries(table) == [f"k {SHAPE}: host-bound, 0.19 ms of host time a call against 0.11 ms on "
+                                         "the device"]
+
+
+def test_merge_compares_the_kept_entries_by_eager_time(tmp_path):
+    """A kept entry that is faster on the device but host-bound loses to the database's entry."""
+    engine = _database(tmp_path)
+    kept = {"config": {"TMA": 2}, "median_ms": 0.100, "retime_ms": None, "host_ms": 0.200}
+    for rank, exported in (("eager", {"TMA": 0}), ("device", {"TMA": 2})):
+        out = tmp_path / rank
+        out.mkdir()
+        (out / "sm_90.json").write_text(json.dumps({
+            "schema_version": 1, "arch": "sm_90", "entries": {"k": {SHAPE: kept}},
+            "provenance": {"exported_at": "x", "devices": [], "sm_counts": [], "hosts": [], "toolchains": []}}))
+        table = json.loads(export_table(engine, "sm_90", out, fastest=["k"], merge=True, rank=rank)[0].read_text())
+        assert table["entries"]["k"][SHAPE]["config"] == exported, rank
+
+
+def test_an_unknown_rank_is_refused_and_nothing_written(tmp_path):
+    with pytest.raises(NothingToExport, match="--rank: 'fast' is not one of eager, device"):
+        export_table(_database(tmp_path), "sm_90", tmp_path / "out", rank="fast")
+    assert not (tmp_path / "out").exists()
