@@ -555,6 +555,28 @@ def indexer_head_splits_specs() -> list[tuple[str, dict]]:
     return specs
 
 
+# Three scoring programs an SM instead of two at sequence 4,096 (about 290 programs of 64 queries
+# and one 128-entry key tile, for 264 co-resident ones at two an SM): at most 168 registers and 2
+# q stages (64 KiB of shared memory a program) fit three; 64-entry key tiles with at most 128
+# registers fit four. Beside each shape's committed entry, its selection held; ranked by eager call
+# time (host time included, tuner/ranking.py), which also shows whether TMA's host-built
+# descriptors still win at 4,096.
+INDEXER_THREE_PER_SM_SPACE = {"BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [64, 128], "KEY_TILES": [1],
+                              "LATE_HEAD_SUM": [0], "TMA": [0, 1], "num_warps": [4], "num_stages": [2, 3],
+                              "maxnreg": [None, 128, 168], **INDEXER_TRITON_UNSPLIT}
+
+
+def indexer_three_per_sm_specs() -> list[tuple[str, dict]]:
+    specs = []
+    for shape in shapes_of("indexer_fwd", 4096):
+        incumbent = {p: [v] for p, v in committed_config("indexer_fwd", shape).items()} | INDEXER_TRITON_UNSPLIT
+        incumbent.setdefault("TMA", [0])
+        name = f"indexer_fwd-three-per-sm-{shape['seq']}-{shape['topk']}"
+        specs += [(f"{name}-committed", grid_spec("indexer_fwd", [shape], incumbent)),
+                  (f"{name}-grid", grid_spec("indexer_fwd", [shape], INDEXER_THREE_PER_SM_SPACE | committed_selection(shape)))]
+    return specs
+
+
 # The sm_90 Gluon scoring (GLUON 1: asynchronous warpgroup MMAs, each head's epilogue under the
 # next head's dot) over its tilings and q ring depths, beside each shape's committed entry, at
 # every indexer shape, each shape's selection held at its committed entry.
@@ -641,6 +663,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-tma": lambda: indexer_scoring_grid_specs("tma", INDEXER_TMA_SPACE),
     "indexer-tma-head-blocks": lambda: indexer_scoring_grid_specs("tma-head-blocks", INDEXER_TMA_HEAD_BLOCKS_SPACE),
     "indexer-head-splits": indexer_head_splits_specs,
+    "indexer-three-per-sm": indexer_three_per_sm_specs,
     "indexer-gluon": indexer_gluon_specs,
     "indexer-gluon-ring": lambda: indexer_gluon_specs(INDEXER_GLUON_RING_SPACE),
 }
