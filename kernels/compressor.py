@@ -64,6 +64,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.host_math import cdiv, next_pow2
 from kernels.launch import launch
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
@@ -210,7 +211,7 @@ def _compressor_bwd_stats_kernel(
 
 def _constexprs(ratio: int, config: Config) -> dict[str, int]:
     coff = window_factor(ratio)
-    return {"RATIO": ratio, "COFF": coff, "WINDOW": triton.next_power_of_2(coff * ratio),
+    return {"RATIO": ratio, "COFF": coff, "WINDOW": next_pow2(coff * ratio),
             "BLOCK_G": config["BLOCK_G"], "BLOCK_D": config["BLOCK_D"]}
 
 
@@ -226,7 +227,7 @@ def _forward(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, config: C
     n_rows = batch * (seq // ratio)
     launch(
         _compressor_fwd_kernel,
-        (triton.cdiv(n_rows, config["BLOCK_G"]), triton.cdiv(dim, config["BLOCK_D"])),
+        (cdiv(n_rows, config["BLOCK_G"]), cdiv(dim, config["BLOCK_D"])),
         (kv, score, ape, out, *(stats or (out, out)), n_rows, seq, dim),
         {**_constexprs(ratio, config), "SAVE_STATS": save_stats},
         config,
@@ -245,7 +246,7 @@ def _backward(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, grad_out
     coff = window_factor(ratio)
     dim = width // coff
     # Closed groups, then the virtual entries whose windows hold the zero-gradient halves and tail.
-    entries = triton.cdiv(seq, ratio) + coff - 1
+    entries = cdiv(seq, ratio) + coff - 1
     n_rows = batch * entries
     dkv, dscore = torch.empty_like(kv), torch.empty_like(score)
     if config.get("SAVED_STATS", 0):  # configs tuned before SAVED_STATS existed lack it
@@ -254,7 +255,7 @@ def _backward(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, grad_out
         dape = torch.empty_like(ape)
         launch(
             _compressor_bwd_stats_kernel,
-            (triton.cdiv(coff * ratio, config["BLOCK_P"]), triton.cdiv(dim, config["BLOCK_D"])),
+            (cdiv(coff * ratio, config["BLOCK_P"]), cdiv(dim, config["BLOCK_D"])),
             (kv, score, ape, grad_out, *stats, dkv, dscore, dape, n_rows, entries, seq, dim),
             {"RATIO": ratio, "COFF": coff, "BLOCK_G": config["BLOCK_G"], "BLOCK_P": config["BLOCK_P"],
              "BLOCK_D": config["BLOCK_D"]},
@@ -263,16 +264,16 @@ def _backward(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, grad_out
         )
         return dkv, dscore, dape
     block_g = config["BLOCK_G"]
-    row_blocks = triton.cdiv(n_rows, block_g)
-    rows_per_slab = triton.cdiv(row_blocks, max(1, min(config["SLABS"], row_blocks))) * block_g
-    slabs = triton.cdiv(n_rows, rows_per_slab)
+    row_blocks = cdiv(n_rows, block_g)
+    rows_per_slab = cdiv(row_blocks, max(1, min(config["SLABS"], row_blocks))) * block_g
+    slabs = cdiv(n_rows, rows_per_slab)
     if config["DAPE_ATOMIC"]:
         dape = torch.zeros(ratio, width, dtype=torch.float32, device=kv.device)
     else:
         dape = torch.empty(slabs, ratio, width, dtype=torch.float32, device=kv.device)
     launch(
         _compressor_bwd_kernel,
-        (slabs, triton.cdiv(dim, config["BLOCK_D"])),
+        (slabs, cdiv(dim, config["BLOCK_D"])),
         (kv, score, ape, grad_out, dkv, dscore, dape, n_rows, entries, seq, dim, rows_per_slab),
         {**_constexprs(ratio, config), "DAPE_ATOMIC": bool(config["DAPE_ATOMIC"])},
         config,
@@ -412,10 +413,10 @@ def _tile(shape: Shape) -> tuple[int, int]:
     """``(BLOCK_G, BLOCK_D)`` of about 4096 window values: 64 channels (128-byte rows) for CSA's
     8-wide window, 32 for HCA's 128-wide one, with as many entries as fill the rest."""
     ratio, dim = shape["ratio"], shape["dim"]
-    window = triton.next_power_of_2(window_factor(ratio) * ratio)
-    block_d = min(triton.next_power_of_2(dim), max(16, min(64, 4096 // window)))
+    window = next_pow2(window_factor(ratio) * ratio)
+    block_d = min(next_pow2(dim), max(16, min(64, 4096 // window)))
     entries = max(1, shape["batch"] * (shape["seq"] // ratio))
-    return min(max(1, 4096 // (window * block_d)), triton.next_power_of_2(entries)), block_d
+    return min(max(1, 4096 // (window * block_d)), next_pow2(entries)), block_d
 
 
 def _default_fwd_config(shape: Shape) -> Config:
@@ -430,7 +431,7 @@ def _default_bwd_config(shape: Shape) -> Config:
     the bytes moved (HCA, with few entries per slab)."""
     block_g, block_d = _tile(shape)
     ratio, dim = shape["ratio"], shape["dim"]
-    entry_blocks = triton.cdiv(shape["batch"] * (triton.cdiv(shape["seq"], ratio) + window_factor(ratio) - 1), block_g)
+    entry_blocks = cdiv(shape["batch"] * (cdiv(shape["seq"], ratio) + window_factor(ratio) - 1), block_g)
     slabs = max(s for s in (32, 64, 128) if s <= max(32, entry_blocks))
     partial_bytes = 2 * min(slabs, entry_blocks) * ratio * window_factor(ratio) * dim * _FP32_BYTES
     return {"BLOCK_G": block_g, "BLOCK_D": block_d, "SLABS": slabs, "SAVED_STATS": 0, "BLOCK_P": 1,

@@ -61,6 +61,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.arch import INTERPRETER_ARCH, current_arch
+from kernels.host_math import cdiv, next_pow2
 from kernels.launch import launch, tma_usable
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
@@ -287,7 +288,7 @@ def _gemm(
     a_ref, b_ref, tma = _operands(a, b, config)
     launch(
         _grouped_gemm_kernel,
-        (tiles_m * triton.cdiv(n, config["BLOCK_N"]),),
+        (tiles_m * cdiv(n, config["BLOCK_N"]),),
         (a_ref, b_ref, table, out, out if scale is None else scale, out if gu is None else gu,
          out if partial is None else partial, tiles_m, n, k, *b.stride()),
         {"EPILOGUE": epilogue, **_tile_constexprs(config), **tma},
@@ -314,7 +315,7 @@ def _wgrad(
     n_experts, m, n = out.shape
     launch(
         _grouped_wgrad_kernel,
-        (n_experts * triton.cdiv(m, config["BLOCK_M"]) * triton.cdiv(n, config["BLOCK_N"]),),
+        (n_experts * cdiv(m, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"]),),
         (a, b, offsets, a if scale is None else scale, out if grad is None else grad, out, m, n),
         {"HAS_SCALE": scale is not None, "ACCUMULATE": grad is not None, **_tile_constexprs(config)},
         config,
@@ -345,7 +346,7 @@ def _down_bwd_dx(dy: Tensor, offsets: Tensor, weights: Tensor, gu: Tensor, w2: T
                  compile_only: bool = False) -> tuple[Tensor, Tensor]:
     """``(dgu, dweights)``: the SwiGLU input gradient and the routing-weight gradient."""
     dgu = torch.empty_like(gu)
-    partial = torch.empty(dy.shape[0], triton.cdiv(w2.shape[2], config["BLOCK_N"]), dtype=torch.float32,
+    partial = torch.empty(dy.shape[0], cdiv(w2.shape[2], config["BLOCK_N"]), dtype=torch.float32,
                           device=dy.device)
     _gemm(dy, w2, offsets, dgu, "swiglu_bwd", config, compile_only, scale=weights, gu=gu, partial=partial)
     return dgu, partial.sum(1)
@@ -590,7 +591,7 @@ def _make_inputs(names: tuple[str, ...], shape: Shape, device: torch.device, see
 def _default_gemm_config(shape: Shape, block_n: int = 128) -> Config:
     """Row tiles about one expert's load (64-128 rows at the V4 presets), 64-deep K steps."""
     t, e, _, _ = _dims(shape)
-    block_m = min(128, max(32, triton.next_power_of_2(triton.cdiv(t, e))))
+    block_m = min(128, max(32, next_pow2(cdiv(t, e))))
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 64, "GROUP_M": 8, "TMA": 0,
             "num_warps": 8 if block_m == 128 else 4, "num_stages": 3}
 
@@ -603,7 +604,7 @@ def _default_swiglu_bwd_config(shape: Shape) -> Config:
 def _default_wgrad_config(shape: Shape) -> Config:
     """128 x 128 gradient tiles; token steps of 64, shorter for experts of fewer tokens."""
     t, e, _, _ = _dims(shape)
-    return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": min(64, max(16, triton.next_power_of_2(triton.cdiv(t, e)))),
+    return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": min(64, max(16, next_pow2(cdiv(t, e)))),
             "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
 
 

@@ -83,6 +83,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import indexer_sm90
 from kernels.arch import INTERPRETER_ARCH, current_arch
+from kernels.host_math import cdiv, next_pow2
 from kernels.launch import check_gluon, launch, tma_usable
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
@@ -381,20 +382,20 @@ def _score_rows(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ratio: int, c
     batch, seq, heads, dim = q.shape
     n_keys = k.shape[1]
     splits = config.get("HEAD_SPLITS", 1)  # configs tuned before HEAD_SPLITS existed lack it
-    split_heads = triton.cdiv(triton.cdiv(heads, splits), config["BLOCK_H"]) * config["BLOCK_H"]
+    split_heads = cdiv(cdiv(heads, splits), config["BLOCK_H"]) * config["BLOCK_H"]
     rows = torch.empty(splits, batch, seq, n_keys, dtype=torch.float32, device=q.device)
     if config.get("GLUON"):  # configs tuned before GLUON existed lack it
         check_gluon("the indexer's scoring", indexer_sm90.fits(config, dim))
         indexer_sm90.launch_scoring(q, k, w, rows, ratio, config, compile_only)
         return rows
-    dim_pad = max(16, triton.next_power_of_2(dim))
+    dim_pad = max(16, next_pow2(dim))
     q_ref, k_ref, tma = _score_operands(q, k, config, dim_pad)
     key_tiles = config.get("KEY_TILES", 0)  # configs tuned before KEY_TILES or LATE_HEAD_SUM existed lack them
-    key_groups = triton.cdiv(triton.cdiv(n_keys, config["BLOCK_T"]), key_tiles) if key_tiles else 1
+    key_groups = cdiv(cdiv(n_keys, config["BLOCK_T"]), key_tiles) if key_tiles else 1
     launch(
         _score_kernel,
-        (batch * triton.cdiv(seq, config["BLOCK_S"]), max(1, key_groups), splits),
-        (q_ref, k_ref, w, rows, seq, n_keys, heads, dim, ratio, split_heads, rows[0].numel()),
+        (batch * cdiv(seq, config["BLOCK_S"]), max(1, key_groups), splits),
+        (q_ref, k_ref, w, rows, seq, n_keys, heads, dim, ratio, split_heads, batch * seq * n_keys),
         {"BLOCK_S": config["BLOCK_S"], "BLOCK_H": config["BLOCK_H"], "BLOCK_T": config["BLOCK_T"],
          "KEY_TILES": key_tiles, "LATE_HEAD_SUM": config.get("LATE_HEAD_SUM", 0), "DIM_PAD": dim_pad,
          "UPCAST": current_arch() == INTERPRETER_ARCH, "ONE_HEAD_BLOCK": config["BLOCK_H"] >= split_heads,
@@ -413,13 +414,13 @@ def _select(rows: torch.Tensor, topk: int, ratio: int, config: Config, compile_o
     splits, batch, seq, n_keys = rows.shape
     indices = torch.empty(batch, seq, topk, dtype=torch.int32, device=rows.device)
     scores = torch.empty(batch, seq, topk, dtype=torch.float32, device=rows.device)
-    keys_pad = triton.next_power_of_2(max(1, n_keys))
+    keys_pad = next_pow2(max(1, n_keys))
     launch(
         _select_kernel,
-        (triton.cdiv(batch * seq, config["SELECT_ROWS"]),),
-        (rows, indices, scores, batch * seq, seq, n_keys, ratio, topk, pad_score, rows[0].numel()),
+        (cdiv(batch * seq, config["SELECT_ROWS"]),),
+        (rows, indices, scores, batch * seq, seq, n_keys, ratio, topk, pad_score, batch * seq * n_keys),
         {"SELECT_ROWS": config["SELECT_ROWS"], "KEYS_PAD": keys_pad, "KEYS_HALF": max(1, keys_pad // 2),
-         "KEYS_QUARTER": max(1, keys_pad // 4), "TOPK_PAD": triton.next_power_of_2(topk),
+         "KEYS_QUARTER": max(1, keys_pad // 4), "TOPK_PAD": next_pow2(topk),
          "SELECT_INTERP": config.get("SELECT_INTERP", 0), "HEAD_SPLITS": splits},
         {**config, "num_warps": config["SELECT_WARPS"], "num_stages": 1},
         compile_only,
@@ -555,10 +556,10 @@ def _bytes_moved(shape: Shape) -> int:
 def _default_config(shape: Shape) -> Config:
     """16 queries x 4 heads (64-row dots) against 128-entry tiles over 4 warps; selection of about
     2048 keys per program (one S = 8192 row, two S = 4096 rows) over 4 warps."""
-    keys_pad = triton.next_power_of_2(max(1, shape["seq"] // INDEX_RATIO))
+    keys_pad = next_pow2(max(1, shape["seq"] // INDEX_RATIO))
     return {"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": min(128, max(16, keys_pad)), "KEY_TILES": 0, "LATE_HEAD_SUM": 0,
             "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "num_warps": 4, "num_stages": 2,
-            "SELECT_ROWS": min(16, max(1, 2048 // keys_pad), triton.next_power_of_2(shape["batch"] * shape["seq"])),
+            "SELECT_ROWS": min(16, max(1, 2048 // keys_pad), next_pow2(shape["batch"] * shape["seq"])),
             "SELECT_WARPS": 4}
 
 

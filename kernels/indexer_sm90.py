@@ -29,6 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from kernels.host_math import cdiv
 from kernels.registry import Config
 
 BLOCK_S = 64
@@ -170,7 +171,7 @@ def launch_scoring(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, rows: torc
     visible, on an sm_90 GPU."""
     batch, seq, heads, dim = q.shape
     n_keys = k.shape[1]
-    grid = (batch * triton.cdiv(seq, BLOCK_S), triton.cdiv(n_keys, config["BLOCK_T"]))
+    grid = (batch * cdiv(seq, BLOCK_S), cdiv(n_keys, config["BLOCK_T"]))
     args = (q, k, w, rows, seq, n_keys, heads, ratio)
     constexprs = {"BLOCK_S_": BLOCK_S, "BLOCK_T": config["BLOCK_T"], "D": dim, "NUM_STAGES": config["num_stages"],
                   "NUM_WARPS": config["num_warps"], "num_warps": config["num_warps"]}

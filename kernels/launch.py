@@ -8,6 +8,7 @@ knobs are passed on.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -44,12 +45,16 @@ def check_gluon(form: str, misfit: str | None) -> None:
         raise ValueError(f"GLUON compiles fixed tilings of {form}; this config has {misfit}")
 
 
+@functools.lru_cache(maxsize=None)
+def _option_names() -> tuple[str, ...]:
+    if current_arch() == INTERPRETER_ARCH:
+        return _COMMON_OPTIONS
+    return _COMMON_OPTIONS + _BACKEND_KNOBS["hip" if torch.version.hip else "cuda"]
+
+
 def launch_options(config: dict[str, Any]) -> dict[str, Any]:
     """The Triton launch keyword options in ``config``, for the running backend."""
-    names: tuple[str, ...] = _COMMON_OPTIONS
-    if current_arch() != INTERPRETER_ARCH:
-        names += _BACKEND_KNOBS["hip" if torch.version.hip else "cuda"]
-    return {name: config[name] for name in names if config.get(name) is not None}
+    return {name: config[name] for name in _option_names() if config.get(name) is not None}
 
 
 def launch(
@@ -72,4 +77,4 @@ def launch(
         if current_arch() != INTERPRETER_ARCH:
             kernel.warmup(*args, grid=grid, **options)
     elif all(grid):
-        kernel[grid](*args, **options)
+        kernel.run(*args, grid=grid, warmup=False, **options)  # kernel[grid](...) without its proxy lambda

@@ -49,6 +49,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.arch import INTERPRETER_ARCH, current_arch
 from kernels.grouped_gemm import _mma
+from kernels.host_math import cdiv, next_pow2
 from kernels.launch import launch, tma_usable
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.rmsnorm import _tile
@@ -365,7 +366,7 @@ def _split_fn(fn: torch.Tensor, compile_only: bool) -> torch.Tensor:
     forward's 134 MB of h at 4,096 tokens). One launch: as five torch ops it took 9 us of device
     time, a sixth of the whole forward at 4,096 tokens (``bench/glue_launches.py``)."""
     out = torch.empty((2, *fn.shape), dtype=torch.bfloat16, device=fn.device)
-    launch(_split_fn_kernel, (triton.cdiv(fn.numel(), _SPLIT_FN_BLOCK),), (fn, out, fn.numel()),
+    launch(_split_fn_kernel, (cdiv(fn.numel(), _SPLIT_FN_BLOCK),), (fn, out, fn.numel()),
            {"BLOCK": _SPLIT_FN_BLOCK}, {"num_warps": 4}, compile_only)
     return out
 
@@ -383,9 +384,9 @@ def _glue_forward(
     block_n, block_k = config["BLOCK_N"], config["BLOCK_K"]
     split = config.get("SPLIT_K", 1)
     # Whole BLOCK_K steps per split; a split past the end of 4D adds zeros.
-    k_chunk = triton.cdiv(triton.cdiv(width, split), block_k) * block_k
+    k_chunk = cdiv(cdiv(width, split), block_k) * block_k
     part = torch.empty(split, n_tokens, _N_PAD + 1, **fp32) if split > 1 else m
-    blocks = triton.cdiv(n_tokens, block_n)
+    blocks = cdiv(n_tokens, block_n)
     interpreted = current_arch() == INTERPRETER_ARCH
     launch(
         _glue_fwd_kernel,
@@ -428,14 +429,14 @@ def _glue_backward(
     """Launch the backward on contiguous tensors (fp32 gradients); returns ``(dh, dfn, dbase, dscale)``."""
     n_tokens, width = h.shape
     block_n = config["BLOCK_N"]
-    token_blocks = triton.cdiv(n_tokens, block_n)
-    tokens_per_slab = max(1, triton.cdiv(token_blocks, max(1, min(config["SLABS"], token_blocks)))) * block_n
-    slabs = triton.cdiv(n_tokens, tokens_per_slab)
+    token_blocks = cdiv(n_tokens, block_n)
+    tokens_per_slab = max(1, cdiv(token_blocks, max(1, min(config["SLABS"], token_blocks)))) * block_n
+    slabs = cdiv(n_tokens, tokens_per_slab)
     dh = torch.empty_like(h)
     dfn_partial = torch.empty(slabs, _N_LOGITS, width, dtype=torch.float32, device=h.device)
     dproj = torch.empty(2, n_tokens, _N_PAD, dtype=torch.bfloat16, device=h.device)
     drstd = torch.empty(n_tokens, dtype=torch.float32, device=h.device)
-    gate_blocks = triton.cdiv(n_tokens, _BWD_GATES_TOKENS)
+    gate_blocks = cdiv(n_tokens, _BWD_GATES_TOKENS)
     dgate_partial = torch.empty(gate_blocks, 2, _N_PAD, dtype=torch.float32, device=h.device)
     launch(
         _glue_bwd_gates_kernel,
@@ -448,7 +449,7 @@ def _glue_backward(
     h_ref, dproj_ref, dh_ref, tma = _glue_bwd_operands(h, dproj, dh, config)
     launch(
         _glue_bwd_kernel,
-        (slabs, triton.cdiv(width, config["BLOCK_K"])),
+        (slabs, cdiv(width, config["BLOCK_K"])),
         (h_ref, fn, dproj_ref, drstd, dh_ref, dfn_partial, n_tokens, width, tokens_per_slab),
         {"BLOCK_N": block_n, "BLOCK_K": config["BLOCK_K"], "DFN_TRANSPOSED": bool(config.get("DFN_TRANSPOSED")),  # older configs lack it
          "TMA": tma, "UPCAST": current_arch() == INTERPRETER_ARCH},
@@ -460,7 +461,7 @@ def _glue_backward(
     dscale = torch.empty(len(_GROUPS), dtype=torch.float32, device=h.device)
     launch(
         _glue_bwd_sums_kernel,
-        (triton.cdiv(dfn.numel(), _SUMS_BLOCK),),
+        (cdiv(dfn.numel(), _SUMS_BLOCK),),
         (dfn_partial, dgate_partial, dfn, dbase, dscale, slabs, gate_blocks, dfn.numel()),
         {"BLOCK": _SUMS_BLOCK, "GATE_ROWS": _SUMS_GATE_ROWS},
         {"num_warps": 4},
@@ -665,9 +666,9 @@ def _launch_streams(kernel, args: tuple, n_tokens: int, hidden: int, config: Con
     """Launch a collapse/expand kernel: ``BLOCK_T`` tokens a program, D walked in ``BLOCK_D`` chunks."""
     launch(
         kernel,
-        (triton.cdiv(n_tokens, config["BLOCK_T"]),),
+        (cdiv(n_tokens, config["BLOCK_T"]),),
         (*args, n_tokens, hidden),
-        {"BLOCK_T": config["BLOCK_T"], "BLOCK_D": min(config["BLOCK_D"], triton.next_power_of_2(hidden))},
+        {"BLOCK_T": config["BLOCK_T"], "BLOCK_D": min(config["BLOCK_D"], next_pow2(hidden))},
         config,
         compile_only,
     )
@@ -862,12 +863,12 @@ def _glue_default(shape: Shape, backward: bool) -> Config:
     the 4D axis too (``SPLIT_K``, at least 512 columns a split): 4096 tokens are 128 blocks alone.
     Backward: 32-token steps over 128-wide chunks, 16 slabs once there are 16 token blocks."""
     tokens = shape["tokens"]
-    block_n = max(16, min(32 if backward or tokens <= 8192 else 64, triton.next_power_of_2(tokens)))
+    block_n = max(16, min(32 if backward or tokens <= 8192 else 64, next_pow2(tokens)))
     if not backward:
-        blocks = triton.cdiv(tokens, block_n)
-        split = min(triton.next_power_of_2(triton.cdiv(_FILL_PROGRAMS, blocks)), max(1, 4 * shape["hidden"] // 512))
+        blocks = cdiv(tokens, block_n)
+        split = min(next_pow2(cdiv(_FILL_PROGRAMS, blocks)), max(1, 4 * shape["hidden"] // 512))
         return {"BLOCK_N": block_n, "BLOCK_K": 64, "SPLIT_K": split, "num_warps": 4, "num_stages": 3}
-    slabs = 16 if triton.cdiv(tokens, block_n) >= 16 else 8
+    slabs = 16 if cdiv(tokens, block_n) >= 16 else 8
     return {"BLOCK_N": block_n, "BLOCK_K": 128, "SLABS": slabs, "DFN_TRANSPOSED": 0, "TMA": 0, "num_warps": 8,
             "num_stages": 2}
 
@@ -875,9 +876,9 @@ def _glue_default(shape: Shape, backward: bool) -> Config:
 def _streams_default(shape: Shape, backward: bool) -> Config:
     """About 2048 values a stream tile forward, one token backward (where four streams of h and
     dh live at once), at about 8 values a thread."""
-    block_d = min(1024, max(256, triton.next_power_of_2(shape["hidden"])))
-    block_t = 1 if backward else max(1, min(8, 2048 // block_d, triton.next_power_of_2(shape["tokens"])))
-    width = block_t * min(block_d, triton.next_power_of_2(shape["hidden"]))
+    block_d = min(1024, max(256, next_pow2(shape["hidden"])))
+    block_t = 1 if backward else max(1, min(8, 2048 // block_d, next_pow2(shape["tokens"])))
+    width = block_t * min(block_d, next_pow2(shape["hidden"]))
     return {"BLOCK_T": block_t, "BLOCK_D": block_d, "num_warps": max(1, min(8, width // 256)), "num_stages": 1}
 
 

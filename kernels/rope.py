@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.host_math import cdiv, next_pow2
 from kernels.launch import launch
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
@@ -79,7 +80,7 @@ def _rotate(
     out = torch.empty_like(x)
     launch(
         _rope_kernel,
-        (triton.cdiv(n_tokens, config["BLOCK_T"]), triton.cdiv(n_heads, config["BLOCK_H"])),
+        (cdiv(n_tokens, config["BLOCK_T"]), cdiv(n_heads, config["BLOCK_H"])),
         (x, pos, out, n_tokens, n_heads, theta, -1.0 if inverse else 1.0),
         {"BLOCK_T": config["BLOCK_T"], "BLOCK_H": config["BLOCK_H"]},
         config,
@@ -155,7 +156,7 @@ def _reference_bwd(inputs: Inputs) -> torch.Tensor:
 
 def _default_config(shape: Shape) -> Config:
     """Eight 1 KB rows a program (32 bf16 a thread at 4 warps): heads first, then tokens."""
-    block_h = min(8, triton.next_power_of_2(shape["heads"]))
+    block_h = min(8, next_pow2(shape["heads"]))
     return {"BLOCK_T": max(1, 8 // block_h), "BLOCK_H": block_h, "num_warps": 4, "num_stages": 1}
 
 

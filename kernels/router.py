@@ -31,6 +31,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.host_math import cdiv, next_pow2
 from kernels.launch import launch
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
@@ -139,7 +140,7 @@ def _router_bwd_kernel(
 
 
 def _pads(n_experts: int, topk: int) -> dict[str, int]:
-    return {"TOPK": topk, "K_PAD": triton.next_power_of_2(topk), "E_PAD": triton.next_power_of_2(n_experts)}
+    return {"TOPK": topk, "K_PAD": next_pow2(topk), "E_PAD": next_pow2(n_experts)}
 
 
 def _forward(
@@ -159,7 +160,7 @@ def _forward(
     hashed = tid2eid is not None
     launch(
         _router_fwd_kernel,
-        (triton.cdiv(n_tokens, config["BLOCK_N"]),),
+        (cdiv(n_tokens, config["BLOCK_N"]),),
         (logits, logits if bias is None else bias, token_ids if hashed else indices, tid2eid if hashed else indices,
          indices, weights, n_tokens, n_experts, route_scale),
         {**_pads(n_experts, topk), "BLOCK_N": config["BLOCK_N"], "HASH": hashed, "HAS_BIAS": bias is not None,
@@ -183,7 +184,7 @@ def _backward(
     grad_logits = torch.empty_like(logits)
     launch(
         _router_bwd_kernel,
-        (triton.cdiv(n_tokens, config["BLOCK_N"]),),
+        (cdiv(n_tokens, config["BLOCK_N"]),),
         (logits, indices, grad_weights, grad_logits, n_tokens, n_experts, route_scale),
         {**_pads(n_experts, indices.shape[1]), "BLOCK_N": config["BLOCK_N"]},
         config,
@@ -357,8 +358,8 @@ def _default_config(shape: Shape, row: int | None = None) -> Config:
 
     ``row`` is the number of values a program holds per token: the padded expert row by default.
     """
-    row = row or triton.next_power_of_2(shape["experts"])
-    block_n = max(1, min(256, 4096 // row, triton.next_power_of_2(shape["tokens"])))
+    row = row or next_pow2(shape["experts"])
+    block_n = max(1, min(256, 4096 // row, next_pow2(shape["tokens"])))
     return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 1}
 
 
@@ -369,7 +370,7 @@ def _default_topk_config(shape: Shape) -> Config:
 
 def _default_hash_config(shape: Shape) -> Config:
     """As ``_default_config``, but a hash-routed program holds only the k picks of each token."""
-    return _default_config(shape, row=triton.next_power_of_2(shape["topk"]))
+    return _default_config(shape, row=next_pow2(shape["topk"]))
 
 
 def _bytes_fwd(shape: Shape) -> int:

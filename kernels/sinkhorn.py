@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.host_math import cdiv, next_pow2
 from kernels.launch import launch
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
@@ -112,7 +113,7 @@ def _forward(
     n_tokens = logits.shape[0]
     launch(
         _sinkhorn_fwd_kernel,
-        (triton.cdiv(n_tokens, config["BLOCK_N"]),),
+        (cdiv(n_tokens, config["BLOCK_N"]),),
         (logits, out, n_tokens, iters - 1, eps),
         {"BLOCK_N": config["BLOCK_N"]},
         config,
@@ -130,8 +131,8 @@ def _backward(
     seg_len = max(1, math.ceil(math.sqrt(n_pairs)))
     launch(
         _sinkhorn_bwd_kernel,
-        (triton.cdiv(n_tokens, config["BLOCK_N"]),),
-        (logits, grad_out, grad_logits, n_tokens, n_pairs, seg_len, triton.cdiv(n_pairs, seg_len), eps),
+        (cdiv(n_tokens, config["BLOCK_N"]),),
+        (logits, grad_out, grad_logits, n_tokens, n_pairs, seg_len, cdiv(n_pairs, seg_len), eps),
         {"BLOCK_N": config["BLOCK_N"]},
         config,
         compile_only,
@@ -230,7 +231,7 @@ def _reference_bwd(inputs: Inputs) -> torch.Tensor:
 
 def _default_config(shape: Shape) -> Config:
     """One token per thread (measured fastest on an H200), 16-64 tokens per program."""
-    block_n = min(64, max(16, triton.next_power_of_2(shape["tokens"] // 128)))
+    block_n = min(64, max(16, next_pow2(shape["tokens"] // 128)))
     return {"BLOCK_N": block_n, "num_warps": max(1, block_n // _WARP_SIZE), "num_stages": 1}
 
 

@@ -90,6 +90,7 @@ import triton.language as tl
 
 from kernels import sparse_attention_sm90
 from kernels.arch import INTERPRETER_ARCH, current_arch
+from kernels.host_math import cdiv, next_pow2
 from kernels.launch import check_gluon, launch
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
@@ -456,7 +457,7 @@ def _entry_constexprs(config: Config, heads: int, topk: int) -> dict[str, Any]:
         raise ValueError(f"UNCHAINED needs BLOCK_H ({config['BLOCK_H']}) to divide the heads ({heads}): "
                          "each program keeps its scratch in its own rows of the output")
     return {"UNCHAINED": bool(config.get("UNCHAINED")), "PTX_BARRIER": _ptx_barrier(config),
-            "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "UPCAST": _interpreted()}
+            "TOPK_BLOCK": next_pow2(max(topk, 1)), "UPCAST": _interpreted()}
 
 
 def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, sink: Tensor, ratio: int,
@@ -473,7 +474,7 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
         return o, lse
     launch(
         _sparse_attn_fwd_kernel,
-        (seq, triton.cdiv(heads, config["BLOCK_H"]), batch),
+        (seq, cdiv(heads, config["BLOCK_H"]), batch),
         (q, kv, kv if kvc is None else kvc, kv if indices is None else indices, sink, o, lse,
          seq, heads, n_comp, topk, window, SOFTMAX_SCALE * _LOG2E),
         {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "TAIL_K": config.get("TAIL_K", 0),
@@ -494,7 +495,7 @@ def _backward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None,
     if config["DKV_MODE"] not in DKV_MODES:
         raise ValueError(f"DKV_MODE must be one of {DKV_MODES}, got {config['DKV_MODE']!r}")
     split = config["DKV_MODE"] == "split"
-    head_blocks = triton.cdiv(heads, config["BLOCK_H"])
+    head_blocks = cdiv(heads, config["BLOCK_H"])
     positions = _max_entries(ratio, seq, topk, window)
     chunk = max(1, min(config["R_CHUNK"] or positions, positions) if split else positions)
     passes = range(0, positions, chunk)
@@ -850,7 +851,7 @@ def _default_fwd_config(shape: Shape) -> Config:
     """Up to 64 heads a program (one block for V4-Flash) on eight warps, which hold the 64 x 512
     fp32 accumulator at 128 registers a thread; 32-entry tiles, 16 for queries of fewer entries;
     the accumulator rescaled every tile."""
-    block_h = min(64, max(16, triton.next_power_of_2(shape["heads"])))
+    block_h = min(64, max(16, next_pow2(shape["heads"])))
     entries = _max_entries(shape["ratio"], shape["seq"], shape["topk"], shape["window"])
     return {"BLOCK_H": block_h, "TILE_K": 32 if entries > 16 else 16, "num_warps": 8 if block_h == 64 else 4,
             "num_stages": 2, "TAIL_K": 0, "RESCALE_SLACK": 0, "UNCHAINED": 0, "PTX_BARRIER": 0, "GLUON": 0,

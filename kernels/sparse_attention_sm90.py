@@ -27,6 +27,7 @@ import math
 import torch
 from torch import Tensor
 import triton
+from kernels.host_math import cdiv, next_pow2
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
@@ -458,7 +459,7 @@ def launch_forward(q: Tensor, kv: Tensor, kvc: Tensor, indices: Tensor, sink: Te
     """Fill ``o`` and ``lse`` (``kernels.sparse_attention._forward``'s buffers) on an sm_90 GPU in
     GLUON ``mode`` (see MODES), the last queries' programs first where ``late_first``."""
     batch, seq, heads, dim = q.shape
-    constexprs = {"RATIO": ratio, "TOPK_BLOCK": triton.next_power_of_2(max(topk, 1)), "BLOCK": BLOCK_H,
+    constexprs = {"RATIO": ratio, "TOPK_BLOCK": next_pow2(max(topk, 1)), "BLOCK": BLOCK_H,
                   "TILE": TILE_K, "D": dim, "LATE_FIRST": late_first, "num_warps": NUM_WARPS}
     if mode == 5:
         kernel = _sparse_attn_fwd_sm90_persistent_kernel

@@ -18,18 +18,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from kernels.host_math import cdiv, next_pow2
 from search_spaces.arch_facts import arch_facts
 
 SPACES_DIR = Path(__file__).resolve().parent
 BACKENDS = ("cuda", "hip", "interp")
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-int(a) // int(b))
 
 
 EXPRESSION_FUNCTIONS = {"next_pow2": next_pow2, "cdiv": cdiv, "min": min, "max": max, "log2": math.log2}

@@ -1,0 +1,20 @@
+"""Integer arithmetic of host code: launch grids, paddings, default tilings, search-space expressions.
+
+Triton's ``triton.cdiv`` and ``triton.next_power_of_2`` are constexpr functions (usable inside
+kernels), and on the host each call unwraps its arguments: 4-6 µs a call. The indexer's launch
+made seven cdiv calls, a third of its 127 µs of host time a call on the H200
+(``bench/launch_host_profile.py``, 2026-12-03f). These plain functions cost a fraction of a
+microsecond.
+"""
+
+from __future__ import annotations
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for positive ``b``."""
+    return -(-int(a) // int(b))
+
+
+def next_pow2(n: int) -> int:
+    """The least power of two at least ``n`` (1 for ``n <= 1``)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
