@@ -5,7 +5,7 @@ of guessing: for each launch and preset shape asked, it runs the heuristic defau
 config once (or the configs of ``--configs``) and records, for every Triton kernel those runs
 launched, registers per thread, spilled bytes, shared memory, ``num_warps``, what that allows per SM
 (65,536 registers, the device's shared memory, 32 programs and 64 warps per SM), how many warpgroup MMAs (``HGMMA``,
-Hopper's wgmma) and warp-level MMAs (``HMMA``, mma.sync) its SASS holds, and the instructions of each
+Hopper's wgmma), warp-level MMAs (``HMMA``, mma.sync) and memory barriers (``MEMBAR``) its SASS holds, and the instructions of each
 of its loop bodies.
 
 On a machine without a GPU it compiles for ``--offline-arch`` (sm_90) instead of launching: Triton's
@@ -123,7 +123,7 @@ def loop_wgmma_waits(sass: str) -> list[int]:
 def _sass_counts(cubin: bytes) -> dict[str, Any]:
     sass = _cuobjdump(cubin, "-sass")
     return {"hgmma": len(re.findall(r"\bHGMMA\.", sass)), "hmma": len(re.findall(r"\bHMMA\.", sass)),
-            "loop_instructions": loop_bodies(sass), "loop_barriers": loop_barriers(sass),
+            "membars": len(re.findall(r"\bMEMBAR\.", sass)), "loop_instructions": loop_bodies(sass), "loop_barriers": loop_barriers(sass),
             "loop_uniform_moves": loop_uniform_moves(sass), "loop_wgmma_waits": loop_wgmma_waits(sass)}
 
 
@@ -222,8 +222,8 @@ def resources_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one line per compiled kernel of each (launch, shape, variant)."""
     lines = ["| launch | shape | variant | Triton kernel | registers | spilled B | shared KiB | warps | stages "
              "| programs / SM | wgmma | mma.sync | loop bodies (instructions) | loop CTA barriers | loop R2UR "
-             "| loop wgmma waits |",
-             "|" + "---|" * 16]
+             "| loop wgmma waits | memory barriers |",
+             "|" + "---|" * 17]
     for r in rows:
         for fn, k in r["triton_kernels"].items():
             lines.append(f"| {r['kernel']} | {r['shape']} | {r['variant']} | {fn} | {k['n_regs']} | {k['spilled_bytes']} "
@@ -232,7 +232,7 @@ def resources_table(rows: list[dict[str, Any]]) -> str:
                          f"| {', '.join(map(str, k.get('loop_instructions', [])))} "
                          f"| {', '.join(map(str, k.get('loop_barriers', [])))} "
                          f"| {', '.join(map(str, k.get('loop_uniform_moves', [])))} "
-                         f"| {', '.join(map(str, k.get('loop_wgmma_waits', [])))} |")
+                         f"| {', '.join(map(str, k.get('loop_wgmma_waits', [])))} | {k.get('membars', '-')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -167,7 +167,9 @@ def _compressor_bwd_kernel(
         tl.store(dscore_ptr + offsets, dlogit.to(dscore_ptr.dtype.element_ty), mask=mask)
         dape += tl.sum(dlogit, axis=0)
     if DAPE_ATOMIC:
-        tl.atomic_add(dape_ptr + ape_offsets, dape, mask=ape_mask)
+        # relaxed: the sums need no ordering against other memory; the default acq_rel fenced
+        # every add (membar stalls under Nsight Compute, 2026-12-02e)
+        tl.atomic_add(dape_ptr + ape_offsets, dape, mask=ape_mask, sem="relaxed")
     else:
         tl.store(dape_ptr + slab * (RATIO * COFF * dim) + ape_offsets, dape, mask=ape_mask)
 
