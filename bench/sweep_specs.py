@@ -456,6 +456,25 @@ def compressor_bwd_saved_stats_specs(space: dict = COMPRESSOR_BWD_SAVED_STATS_SP
     return specs
 
 
+# The ratio-4 backward with relaxed dape atomics (the acq_rel default fenced the adds, one MEMBAR a
+# program): each ratio-4 shape's committed entry (1-warp programs of one tile each, atomics) beside
+# its neighbours in entries a step, slabs, stages and register cap.
+COMPRESSOR_BWD_RELAXED_SPACE = {"BLOCK_G": [2, 4, 8], "BLOCK_D": [16], "SLABS": [64, 128, 256], "DAPE_ATOMIC": [1],
+                                "num_warps": [1], "num_stages": [1, 2], "maxnreg": [None, 128], **BEFORE_SAVED_STATS}
+
+
+def compressor_bwd_relaxed_specs() -> list[tuple[str, dict]]:
+    specs = []
+    for shape in shapes_of("compressor_bwd", presets=("v4-flash",)):
+        if shape["ratio"] != 4:
+            continue
+        held = {p: [v] for p, v in committed_config("compressor_bwd", shape).items()} | BEFORE_SAVED_STATS
+        name = f"compressor_bwd-ratio-4-{shape['seq']}-{shape['dim']}"
+        specs += [(f"{name}-committed", grid_spec("compressor_bwd", [shape], held)),
+                  (f"{name}-relaxed-grid", grid_spec("compressor_bwd", [shape], COMPRESSOR_BWD_RELAXED_SPACE))]
+    return specs
+
+
 # The indexer's whole space (77,130 valid configs at the Flash 4,096 shape), by TPE from valid
 # configs only, at its four shapes: the earlier sweeps gridded slices of it.
 INDEXER_TPE_TRIALS = 200
@@ -659,6 +678,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "compressor-bwd-slabs": compressor_bwd_slabs_specs,
     "compressor-bwd-saved-stats": compressor_bwd_saved_stats_specs,
     "compressor-bwd-saved-stats-wide": lambda: compressor_bwd_saved_stats_specs(COMPRESSOR_BWD_SAVED_STATS_WIDE_SPACE),
+    "compressor-bwd-relaxed": compressor_bwd_relaxed_specs,
     "indexer-one-head-block": lambda: indexer_scoring_grid_specs("one-head-block", INDEXER_ONE_HEAD_BLOCK_SPACE, topk=512),
     "indexer-tma": lambda: indexer_scoring_grid_specs("tma", INDEXER_TMA_SPACE),
     "indexer-tma-head-blocks": lambda: indexer_scoring_grid_specs("tma-head-blocks", INDEXER_TMA_HEAD_BLOCKS_SPACE),
