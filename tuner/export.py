@@ -14,7 +14,7 @@ names it, and keeps it for the kernels in ``fastest``. The file is written to a 
 sees half a table.
 
 Times compare under a rank (``tuner.ranking``): by default a config's eager call time, the longer
-of its device and host times. Each entry records its host time, and :func:`host_bound_entries`
+of its device and host times, eager times within the host's noise decided by device time. Each entry records its host time, and :func:`host_bound_entries`
 names the entries whose eager calls wait on the host.
 """
 
@@ -32,7 +32,7 @@ from sqlalchemy import Engine, select
 
 from db import Trial, TrialStatus, session_scope
 from kernels.tuning import TABLE_SCHEMA_VERSION, table_path
-from tuner.ranking import RANKS, Rank, entry_ms, trial_host_ms, trial_ms
+from tuner.ranking import RANKS, Rank, common_rank, entry_time, pick, trial_time
 
 
 class NothingToExport(LookupError):
@@ -52,16 +52,17 @@ def _ok_trials(engine: Engine, arch: str) -> list[Trial]:
 
 def _choose(rows: Sequence[Trial], fastest: Collection[str], rank: Rank) -> list[Trial]:
     """See :func:`best_trials`."""
-    def preference(row: Trial) -> tuple[bool, float, float]:
-        newest = row.is_winner and ALL not in fastest and row.kernel not in fastest
-        return row.is_winner, row.sweep_id if newest else 0, -trial_ms(row, rank)
-
-    chosen: dict[tuple[str, str], Trial] = {}
+    groups: dict[tuple[str, str], list[Trial]] = {}
     for row in rows:
-        key = (row.kernel, row.shape_key)
-        if key not in chosen or preference(row) > preference(chosen[key]):
-            chosen[key] = row
-    return [chosen[k] for k in sorted(chosen)]
+        groups.setdefault((row.kernel, row.shape_key), []).append(row)
+    chosen = []
+    for (kernel, _), group in sorted(groups.items()):
+        winners = [row for row in group if row.is_winner]
+        if winners and ALL not in fastest and kernel not in fastest:
+            newest = max(row.sweep_id for row in winners)
+            winners = [row for row in winners if row.sweep_id == newest]
+        chosen.append(pick(winners or group, trial_time, rank))
+    return chosen
 
 
 def best_trials(engine: Engine, arch: str, fastest: Collection[str] = (), rank: Rank = "eager") -> list[Trial]:
@@ -78,7 +79,8 @@ def regressions(trials: Sequence[Trial], fastest_of_all: Sequence[Trial], rank: 
     lines = []
     for t in trials:
         other = best[(t.kernel, t.shape_key)]
-        ms, other_ms = trial_ms(t, rank), trial_ms(other, rank)
+        times = (trial_time(t), trial_time(other))
+        ms, other_ms = (time.ms(common_rank(rank, times)) for time in times)
         if other.id != t.id and ms > other_ms * (1 + REGRESSION_TOLERANCE):
             lines.append(f"{t.kernel} {t.shape_key}: sweep {t.sweep_id}'s winner takes {ms:.4g} ms, "
                          f"sweep {other.sweep_id}'s {other_ms:.4g} ms")
@@ -90,7 +92,7 @@ def build_table(trials: list[Trial], arch: str, skipped: Sequence[str] = (),
     entries: dict[str, dict[str, Any]] = {}
     for t in trials:
         entries.setdefault(t.kernel, {})[t.shape_key] = {
-            "config": t.config, "median_ms": t.median_ms, "retime_ms": t.retime_ms, "host_ms": trial_host_ms(t),
+            "config": t.config, "median_ms": t.median_ms, "retime_ms": t.retime_ms, "host_ms": trial_time(t).host_ms,
             "gbps": t.metrics.get("gbps"), "sweep_id": t.sweep_id, "trial_id": t.id, "identity": t.identity,
         }
     return {
@@ -118,10 +120,10 @@ def host_bound_entries(table: dict[str, Any]) -> list[str]:
     lines = []
     for kernel, shapes in sorted(table["entries"].items()):
         for key, entry in sorted(shapes.items()):
-            device, eager = entry_ms(entry, "device"), entry_ms(entry, "eager")
-            if device is not None and eager is not None and eager > device:
-                lines.append(f"{kernel} {key}: host-bound, {eager:.4g} ms of host time a call against "
-                             f"{device:.4g} ms on the device")
+            time = entry_time(entry)
+            if time is not None and time.host_bound:
+                lines.append(f"{kernel} {key}: host-bound, {time.host_ms:.4g} ms of host time a call against "
+                             f"{time.device_ms:.4g} ms on the device")
     return lines
 
 
@@ -140,9 +142,10 @@ def _merged(table: dict[str, Any], previous: dict[str, Any], skip: Sequence[str]
         for key, entry in shapes.items():
             new = table["entries"].get(kernel, {}).get(key)
             if new is not None:
-                old_ms, new_ms = entry_ms(entry, rank), entry_ms(new, rank)
-                if old_ms is None or new_ms is None or old_ms >= new_ms:
+                old_time, new_time = entry_time(entry), entry_time(new)
+                if old_time is None or new_time is None or pick([new_time, old_time], lambda t: t, rank) is new_time:
                     continue
+                old_ms, new_ms = (time.ms(common_rank(rank, (old_time, new_time))) for time in (old_time, new_time))
                 if ALL not in fastest and kernel not in fastest:
                     if new_ms > old_ms * (1 + REGRESSION_TOLERANCE):
                         slower.append(f"{kernel} {key}: this export's entry takes {new_ms:.4g} ms, the merged "

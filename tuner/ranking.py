@@ -1,4 +1,4 @@
-"""What a measured config's time is, when configs are ranked: device time, or the time of an eager call.
+"""Which of several measured configs is fastest: by device time, or by the time of an eager call.
 
 The sweeps time a config's device work (``workers.timing``). An eager training step calls its
 launches back to back, and the host prepares each call while the GPU runs earlier ones, so a
@@ -6,50 +6,80 @@ call costs the longer of its device time and its host time (argument checks, all
 descriptors, Triton's dispatch). On the H200 a table entry chosen by device time alone ran 1.4-1.8x
 slower in eager calls, host-bound (bench/2026-12-02f, 2026-12-03e). Hence two ranks:
 
-* ``eager`` (the default): ``max(device, host)``, what back-to-back eager calls run at;
+* ``eager`` (the default): by ``max(device, host)``, what back-to-back eager calls run at. Host
+  times are noisy (43-73 µs for one launch path within one sweep, 2026-12-03f), so eager times
+  within ``HOST_TIE`` of the least are taken as equal and decided by device time: a config wins on
+  its host time only where that is well beyond the noise, as host-built TMA descriptors are;
 * ``device``: device time alone, for steps replayed as CUDA graphs, where the host is not paid.
 
-Trials without a host time (the interpreter, sweeps from before it was measured) rank by device time.
+Trials without a host time (the interpreter, sweeps from before it was measured) compare by device
+time. The search itself is told device times: host noise would steer it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 from db import Trial
 
 Rank = Literal["eager", "device"]
 RANKS: tuple[Rank, ...] = ("eager", "device")
+HOST_TIE = 0.10
+T = TypeVar("T")
 
 
-def call_ms(device_ms: float, host_ms: float | None, rank: Rank) -> float:
-    """A call's time under ``rank``."""
-    if rank == "device" or host_ms is None:
-        return device_ms
-    return max(device_ms, host_ms)
+@dataclass(frozen=True)
+class CallTime:
+    """A config's measured time a call: on the device, and on the host where measured."""
+
+    device_ms: float
+    host_ms: float | None = None
+
+    def ms(self, rank: Rank) -> float:
+        """The time under ``rank``."""
+        if rank == "device" or self.host_ms is None:
+            return self.device_ms
+        return max(self.device_ms, self.host_ms)
+
+    @property
+    def host_bound(self) -> bool:
+        """Whether an eager call waits on the host rather than the GPU."""
+        return self.host_ms is not None and self.host_ms > self.device_ms
 
 
-def trial_host_ms(trial: Trial) -> float | None:
-    """The trial's host time: the re-timing's where it was re-timed (measured beside its rivals), else
-    the screening's."""
+def trial_time(trial: Trial) -> CallTime:
+    """The trial's time, from its re-timing where it has one (device and host measured beside its rivals)."""
     metrics = trial.metrics or {}
-    return metrics.get("retime_host_ms", metrics.get("host_ms"))
+    if trial.retime_ms is not None:
+        return CallTime(trial.retime_ms, metrics.get("retime_host_ms", metrics.get("host_ms")))
+    return CallTime(trial.median_ms, metrics.get("host_ms"))
 
 
-def trial_ms(trial: Trial, rank: Rank) -> float:
-    """The trial's time under ``rank``, from its re-timing where it has one."""
-    device = trial.retime_ms if trial.retime_ms is not None else trial.median_ms
-    return call_ms(device, trial_host_ms(trial), rank)
+def screening_time(trial: Trial) -> CallTime:
+    """The trial's screening time (before any re-timing)."""
+    return CallTime(trial.median_ms, (trial.metrics or {}).get("host_ms"))
 
 
-def entry_ms(entry: Mapping[str, Any], rank: Rank) -> float | None:
-    """An exported table entry's time under ``rank`` (None for entries that record no time)."""
+def entry_time(entry: Mapping[str, Any]) -> CallTime | None:
+    """An exported table entry's time (None for entries that record no time)."""
     device = entry.get("retime_ms") if entry.get("retime_ms") is not None else entry.get("median_ms")
-    return None if device is None else call_ms(device, entry.get("host_ms"), rank)
+    return None if device is None else CallTime(device, entry.get("host_ms"))
 
 
-def host_bound(trial: Trial) -> bool:
-    """Whether an eager call of the trial's config waits on the host rather than the GPU."""
-    host = trial_host_ms(trial)
-    return host is not None and trial_ms(trial, "eager") > trial_ms(trial, "device")
+def common_rank(rank: Rank, times: Sequence[CallTime]) -> Rank:
+    """``rank``, or ``device`` where some of ``times`` lack a host time: an unmeasured host must not win."""
+    return "device" if any(t.host_ms is None for t in times) else rank
+
+
+def pick(items: Sequence[T], time: Callable[[T], CallTime], rank: Rank) -> T:
+    """The fastest of ``items`` under ``rank`` (the first on equal times): the least device time among
+    those whose time is within ``HOST_TIE`` of the least (with ``device``, exactly the least), under
+    :func:`common_rank`."""
+    times = [time(item) for item in items]
+    rank = common_rank(rank, times)
+    tie = 1 + HOST_TIE if rank == "eager" else 1
+    best = min(t.ms(rank) for t in times)
+    contenders = [i for i, t in enumerate(times) if t.ms(rank) <= best * tie]
+    return items[min(contenders, key=lambda i: times[i].device_ms)]

@@ -32,7 +32,7 @@ from db.models import utcnow
 from kernels import registry
 from tuner import queue
 from tuner.identity import config_identity
-from tuner.ranking import call_ms, trial_ms
+from tuner.ranking import pick, screening_time, trial_time
 from tuner.spec import SweepSpec
 from tuner.strategies import ConfigSource, GridSource, OptunaSource, Proposal, default_in_space, make_sampler
 from workers.compile_task import compile_config
@@ -306,20 +306,15 @@ class SweepRunner:
                     host=previous.host, gpu_name=previous.gpu_name, sm_count=previous.sm_count,
                     versions=previous.versions))
                 state.evaluated += 1
-            status, time_ms = previous.status, self._screening_ms(previous)
-        self._tell(state, proposal, status, time_ms)
+            status, median = previous.status, previous.median_ms
+        self._tell(state, proposal, status, median)
         return True
 
-    def _screening_ms(self, trial: Trial) -> float | None:
-        """What the search is told of a measured trial: its screening time under the sweep's rank."""
-        if trial.median_ms is None:
-            return None
-        return call_ms(trial.median_ms, (trial.metrics or {}).get("host_ms"), self.timing.rank)
-
-    def _tell(self, state: ShapeState, proposal: Proposal, status: str, time_ms: float | None) -> None:
-        state.source.report(proposal, status, time_ms)
+    def _tell(self, state: ShapeState, proposal: Proposal, status: str, median_ms: float | None) -> None:
+        """Report a measured config to the search: its device time (host times are too noisy to steer it)."""
+        state.source.report(proposal, status, median_ms)
         if status == TrialStatus.ok.value:
-            state.best_ms = time_ms if state.best_ms is None else min(state.best_ms, time_ms)
+            state.best_ms = median_ms if state.best_ms is None else min(state.best_ms, median_ms)
         self._report(state)
 
     def _trial(self, key: str, config: dict[str, Any], identity: str, **measured: Any) -> Trial:
@@ -338,14 +333,14 @@ class SweepRunner:
         info = self.pool.infos[worker] if worker is not None else {}
         metrics = {**result.get("metrics", {}), **({"busy_s": result["busy_s"]} if "busy_s" in result else {})}
         with session_scope(self.engine) as session:
-            session.add(trial := self._trial(
+            session.add(self._trial(
                 state.key, pending.config, pending.identity, status=result["status"],
                 median_ms=result.get("median_ms"), p20_ms=result.get("p20_ms"), p80_ms=result.get("p80_ms"),
                 reps=result.get("reps"), error=result.get("error"), metrics=metrics,
                 host=info.get("host"), gpu_name=info.get("gpu_name"), sm_count=info.get("sm_count"),
                 versions=self.toolchain, started_at=pending.started_at))
         state.evaluated += 1
-        self._tell(state, pending.proposal, result["status"], self._screening_ms(trial))
+        self._tell(state, pending.proposal, result["status"], result.get("median_ms"))
 
     def _report(self, state: ShapeState) -> None:
         done = state.evaluated + (state.pruned if self.spec.budget_counts_pruned else 0)
@@ -354,17 +349,25 @@ class SweepRunner:
 
     # -- re-timing of the best configs -------------------------------------------------
     def _retime(self, state: ShapeState) -> None:
-        """Time the best few configs (under the sweep's rank) together on every device worker; mark the
-        winner."""
+        """Time the best few configs together on every device worker (the best by device time, and by
+        eager time where the rank is eager); mark the fastest under the sweep's rank."""
         with session_scope(self.engine) as session:
             rows = session.scalars(
                 select(Trial).where(Trial.sweep_id == self.sweep_id, Trial.shape_key == state.key,
                                     Trial.status == TrialStatus.ok.value)
             ).all()
+            rank = self.timing.rank
+            orders: list[Callable[[Trial], float]] = [lambda r: r.median_ms]
+            if rank == "eager":  # the best by device time may all be host-bound
+                orders.append(lambda r: screening_time(r).ms(rank))
             best: dict[str, Trial] = {}
-            for row in sorted(rows, key=self._screening_ms):
-                best.setdefault(row.identity, row)
-            candidates = list(best.values())[: self.timing.retime_top]
+            for order in orders:
+                distinct: dict[str, Trial] = {}
+                for row in sorted(rows, key=order):
+                    distinct.setdefault(row.identity, row)
+                for identity, row in list(distinct.items())[: self.timing.retime_top]:
+                    best.setdefault(identity, row)
+            candidates = list(best.values())
             if not candidates:
                 return
             per_worker: list[list[float]] = []
@@ -377,7 +380,7 @@ class SweepRunner:
                 timeout = self.timing.trial_timeout_s * len(candidates)
                 answers = [self._get(r) for r in [w.retime.remote(request, timeout) for w in self.pool.workers]]
                 per_worker = [a["medians_ms"] for a in answers if a.get("status") == "ok"]
-                host_per_worker = [a["host_medians_ms"] for a in answers if "host_medians_ms" in a]
+                host_per_worker = [a["host_least_ms"] for a in answers if "host_least_ms" in a]
                 retime_busy_s = [a.get("busy_s", 0.0) for a in answers]
             session.execute(update(Trial).where(Trial.sweep_id == self.sweep_id, Trial.shape_key == state.key)
                             .values(is_winner=False))
@@ -387,8 +390,8 @@ class SweepRunner:
                     row.retime_ms = statistics.median(samples)
                     row.metrics = {**row.metrics, "retime_per_worker_ms": samples}
                 if host_per_worker:
-                    row.metrics = {**row.metrics, "retime_host_ms": statistics.median(w[i] for w in host_per_worker)}
-            winner = min(candidates, key=lambda r: trial_ms(r, self.timing.rank))
+                    row.metrics = {**row.metrics, "retime_host_ms": min(w[i] for w in host_per_worker)}
+            winner = pick(candidates, trial_time, rank)
             winner.is_winner = True
             if per_worker:
                 winner.metrics = {**winner.metrics, "retime_busy_s": retime_busy_s}
