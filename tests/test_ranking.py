@@ -82,11 +82,11 @@ def _database(tmp_path):
     return engine
 
 
-def test_export_ranks_eager_calls_by_default_and_device_time_when_asked(tmp_path):
+def test_export_ranks_by_device_time_by_default_and_eager_calls_when_asked(tmp_path):
     engine = _database(tmp_path)
-    assert best_trials(engine, "sm_90")[0].config == {"TMA": 0}
-    assert best_trials(engine, "sm_90", rank="device")[0].config == {"TMA": 1}
-    table = json.loads(export_table(engine, "sm_90", tmp_path / "eager")[0].read_text())
+    assert best_trials(engine, "sm_90")[0].config == {"TMA": 1}
+    assert best_trials(engine, "sm_90", rank="eager")[0].config == {"TMA": 0}
+    table = json.loads(export_table(engine, "sm_90", tmp_path / "eager", rank="eager")[0].read_text())
     entry = table["entries"]["k"][SHAPE]
     assert entry["config"] == {"TMA": 0} and entry["host_ms"] == 0.070
     assert table["provenance"]["rank"] == "eager" and host_bound_entries(table) == []
@@ -94,8 +94,8 @@ def test_export_ranks_eager_calls_by_default_and_device_time_when_asked(tmp_path
 
 def test_a_device_ranked_export_names_its_host_bound_entries(tmp_path):
     engine = _database(tmp_path)
-    table = json.loads(export_table(engine, "sm_90", tmp_path / "device", rank="device")[0].read_text())
-    assert table["entries"]["k"][SHAPE]["config"] == {"TMA": 1}
+    table = json.loads(export_table(engine, "sm_90", tmp_path / "device")[0].read_text())
+    assert table["entries"]["k"][SHAPE]["config"] == {"TMA": 1} and table["provenance"]["rank"] == "device"
     assert host_bound_entries(table) == [f"k {SHAPE}: host-bound, 0.19 ms of host time a call against 0.11 ms on "
                                          "the device"]
 

@@ -21,6 +21,7 @@ from tuner.export import NothingToExport, export_table, host_bound_entries
 from tuner.plan_cli import plan_app
 from tuner import plan_validate_cli  # noqa: F401 - adds ``tuner plan validate`` to plan_app
 from tuner.quickstart import quickstart_specs
+from tuner.ranking import DEFAULT_RANK
 from tuner.replay_cli import replay
 from tuner.serve import owner_name, run_sweep, serve as serve_loop
 from tuner.spec import SpecError, SweepSpec, load_spec
@@ -180,8 +181,8 @@ def export(arch: Annotated[str, typer.Option(help="arch to export, e.g. sm_90")]
                help="keep the existing table's entries for (kernel, shape) pairs the database has no trial for, "
                     "and its faster entries of the kernels given to --fastest")] = False,
            rank: Annotated[str, typer.Option(
-               help="eager: compare configs by the longer of device and host time a call (back-to-back eager "
-                    "calls); device: by device time alone (CUDA-graph steps)")] = "eager",
+               help="device: compare configs by device time; eager: by the longer of device and host time a "
+                    "call (back-to-back eager calls), within 10% by device time")] = DEFAULT_RANK,
            ) -> None:
     """Write the tuned table of ARCH from the database; warn where an older sweep's winner was faster,
     and where an entry's eager calls wait on the host."""

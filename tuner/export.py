@@ -13,9 +13,9 @@ and from which export. Where that table's entry is faster than the database's, t
 names it, and keeps it for the kernels in ``fastest``. The file is written to a temporary name and renamed, so a reader never
 sees half a table.
 
-Times compare under a rank (``tuner.ranking``): by default a config's eager call time, the longer
-of its device and host times, eager times within the host's noise decided by device time. Each entry records its host time, and :func:`host_bound_entries`
-names the entries whose eager calls wait on the host.
+Times compare under a rank (``tuner.ranking``): device time by default, or the eager call time.
+Each entry records its host time, and :func:`host_bound_entries` names the entries whose eager
+calls wait on the host.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from sqlalchemy import Engine, select
 
 from db import Trial, TrialStatus, session_scope
 from kernels.tuning import TABLE_SCHEMA_VERSION, table_path
-from tuner.ranking import RANKS, Rank, common_rank, entry_time, pick, trial_time
+from tuner.ranking import DEFAULT_RANK, RANKS, Rank, common_rank, entry_time, pick, trial_time
 
 
 class NothingToExport(LookupError):
@@ -65,14 +65,14 @@ def _choose(rows: Sequence[Trial], fastest: Collection[str], rank: Rank) -> list
     return chosen
 
 
-def best_trials(engine: Engine, arch: str, fastest: Collection[str] = (), rank: Rank = "eager") -> list[Trial]:
+def best_trials(engine: Engine, arch: str, fastest: Collection[str] = (), rank: Rank = DEFAULT_RANK) -> list[Trial]:
     """The chosen trial per (kernel, shape_key) for ``arch``: winners first (of the newest sweep, or
     the fastest of any sweep for the kernels in ``fastest``, every kernel with ``all``), then the
     fastest ok trial; fastest under ``rank``."""
     return _choose(_ok_trials(engine, arch), fastest, rank)
 
 
-def regressions(trials: Sequence[Trial], fastest_of_all: Sequence[Trial], rank: Rank = "eager") -> list[str]:
+def regressions(trials: Sequence[Trial], fastest_of_all: Sequence[Trial], rank: Rank = DEFAULT_RANK) -> list[str]:
     """One line per chosen trial slower under ``rank``, beyond timing noise, than the fastest winner of
     its (kernel, shape) over every sweep (``fastest_of_all``: the choice with ``fastest=("all",)``)."""
     best = {(t.kernel, t.shape_key): t for t in fastest_of_all}
@@ -88,7 +88,7 @@ def regressions(trials: Sequence[Trial], fastest_of_all: Sequence[Trial], rank: 
 
 
 def build_table(trials: list[Trial], arch: str, skipped: Sequence[str] = (),
-                fastest: Sequence[str] = (), rank: Rank = "eager") -> dict[str, Any]:
+                fastest: Sequence[str] = (), rank: Rank = DEFAULT_RANK) -> dict[str, Any]:
     entries: dict[str, dict[str, Any]] = {}
     for t in trials:
         entries.setdefault(t.kernel, {})[t.shape_key] = {
@@ -180,7 +180,7 @@ def _previous_table(path: Path, arch: str) -> dict[str, Any]:
 
 
 def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: Sequence[str] = (),
-                 fastest: Sequence[str] = (), merge: bool = False, rank: Rank = "eager") -> tuple[Path, list[str]]:
+                 fastest: Sequence[str] = (), merge: bool = False, rank: Rank = DEFAULT_RANK) -> tuple[Path, list[str]]:
     """Write ``<out_dir>/<arch>.json`` atomically; its path and the :func:`regressions` of what it holds
     (with ``merge``, also the merged table's entries faster than what replaced them).
 

@@ -6,11 +6,16 @@ call costs the longer of its device time and its host time (argument checks, all
 descriptors, Triton's dispatch). On the H200 a table entry chosen by device time alone ran 1.4-1.8x
 slower in eager calls, host-bound (bench/2026-12-02f, 2026-12-03e). Hence two ranks:
 
-* ``eager`` (the default): by ``max(device, host)``, what back-to-back eager calls run at. Host
-  times are noisy (43-73 µs for one launch path within one sweep, 2026-12-03f), so eager times
-  within ``HOST_TIE`` of the least are taken as equal and decided by device time: a config wins on
-  its host time only where that is well beyond the noise, as host-built TMA descriptors are;
-* ``device``: device time alone, for steps replayed as CUDA graphs, where the host is not paid.
+* ``device`` (the default): device time alone, what steps replayed as CUDA graphs pay;
+* ``eager``: ``max(device, host)``, what back-to-back eager calls run at, eager times within
+  ``HOST_TIE`` of the least decided by device time.
+
+Device time is the default because host times measured during a sweep are noisy: the compile
+workers share the host's cores, and one launch path's host time, the least of ten rounds, still
+spread over 42-88 µs across the configs of one sweep (H200, 2026-12-03f), wider than the 10% band
+and than most differences between configs. Every trial and table entry records its host time, and
+the export warns of host-bound entries, so a launch whose host cost depends on its config (host-
+built TMA descriptors: +50 µs a call) is named even where device time picks it.
 
 Trials without a host time (the interpreter, sweeps from before it was measured) compare by device
 time. The search itself is told device times: host noise would steer it.
@@ -27,6 +32,7 @@ from db import Trial
 Rank = Literal["eager", "device"]
 RANKS: tuple[Rank, ...] = ("eager", "device")
 HOST_TIE = 0.10
+DEFAULT_RANK: Rank = "device"
 T = TypeVar("T")
 
 

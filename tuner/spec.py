@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, V
 
 from kernels import registry
 from search_spaces import ARCH_FACTS, SearchSpace, SpaceError, load_space
-from tuner.ranking import Rank
+from tuner.ranking import DEFAULT_RANK, Rank
 
 
 class SpecError(ValueError):
@@ -47,9 +47,9 @@ class TimingSettings(_Strict):
     retime_rep_ms: PositiveFloat = 100.0
     method: Literal["events", "cudagraph"] = Field(
         "events", description="cudagraph: device time without host launch cost (microsecond kernels)")
-    rank: Rank = Field("eager", description="eager: a config's time is the longer of its device and host times, "
-                       "what back-to-back eager calls run at; device: device time alone, for CUDA-graph steps "
-                       "(tuner.ranking)")
+    rank: Rank = Field(DEFAULT_RANK, description="how the winner is picked: device time (CUDA-graph steps, and "
+                       "the default: host times are noisy), or eager: the longer of device and host time, what "
+                       "back-to-back eager calls run at (tuner.ranking)")
     input_seed: int = 0
 
 
