@@ -12,7 +12,7 @@ slower in eager calls, host-bound (bench/2026-12-02f, 2026-12-03e). Hence two ra
 
 Device time is the default because host times measured during a sweep are noisy: the compile
 workers share the host's cores, and one launch path's host time, the least of ten rounds, still
-spread over 42-88 µs across the configs of one sweep (H200, 2026-12-03f), wider than the 10% band
+spread over 41-88 µs across the configs of one sweep (H200, 2026-12-03f), wider than the 10% band
 and than most differences between configs. Every trial and table entry records its host time, and
 the export warns of host-bound entries, so a launch whose host cost depends on its config (host-
 built TMA descriptors: +50 µs a call) is named even where device time picks it.
