@@ -29,3 +29,16 @@ def test_status_shows_where_each_shape_best_sits_at_an_edge():
     lines = {line.split()[1]: line for line in console.export_text().splitlines() if "n=" in line}
     assert "WARPS=1 (least tried)" in lines["n=1"]
     assert "tried)" not in lines["n=2"]
+
+
+def test_status_shows_the_best_configs_host_time_and_whether_it_is_host_bound():
+    sweep = Sweep(id=8, kernel="probe", arch="sm_90", status="done", spec={})
+    trials = [Trial(shape_key="n=1", status="ok", median_ms=0.01, config={"WARPS": 1}, metrics={"host_ms": 0.045}),
+              Trial(shape_key="n=2", status="ok", median_ms=0.2, config={"WARPS": 1}, metrics={"host_ms": 0.06}),
+              Trial(shape_key="n=3", status="ok", median_ms=0.2, config={"WARPS": 1}, metrics={})]
+    console = Console(record=True, width=250)
+    console.print(display.status_table(sweep, trials, {"n=1": 1, "n=2": 1, "n=3": 1}))
+    lines = {line.split()[1]: line for line in console.export_text().splitlines() if "n=" in line}
+    assert "0.0450 host-bound" in lines["n=1"]
+    assert "0.0600" in lines["n=2"] and "host-bound" not in lines["n=2"]
+    assert "host-bound" not in lines["n=3"]

@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from db import Sweep, Trial
+from tuner.ranking import CallTime, entry_time, screening_time
 from tuner.runner import ProgressFn
 
 console = Console()
@@ -63,8 +64,8 @@ def edges(best: dict[str, Any], measured: list[dict[str, Any]]) -> list[str]:
 
 def status_table(sweep: Sweep, trials: list[Trial], budgets: dict[str, int]) -> Table:
     """Per shape: trial counts, the best so far, and the tunables where it took an extreme of those measured."""
-    table = Table("shape", "ok", "failed", "pruned", "remaining", "best ms", "best config", "best at an edge",
-                  title=f"sweep {sweep.id}: {sweep.kernel} on {sweep.arch} ({sweep.status})")
+    table = Table("shape", "ok", "failed", "pruned", "remaining", "best ms", "its host ms", "best config",
+                  "best at an edge", title=f"sweep {sweep.id}: {sweep.kernel} on {sweep.arch} ({sweep.status})")
     for key, budget in budgets.items():
         rows = [t for t in trials if t.shape_key == key]
         ok = [t for t in rows if t.status == "ok"]
@@ -72,9 +73,17 @@ def status_table(sweep: Sweep, trials: list[Trial], budgets: dict[str, int]) -> 
         failed = len(rows) - len(ok) - pruned
         best = min(ok, key=lambda t: t.median_ms, default=None)
         table.add_row(key, str(len(ok)), str(failed), str(pruned), str(max(budget - len(ok) - failed, 0)),
-                      f"{best.median_ms:.4f}" if best else "-", compact(best.config) if best else "-",
+                      f"{best.median_ms:.4f}" if best else "-", _host_cell(screening_time(best)) if best else "-",
+                      compact(best.config) if best else "-",
                       (" ".join(edges(best.config, [t.config for t in ok])) or "-") if best else "-")
     return table
+
+
+def _host_cell(time: CallTime | None) -> str:
+    """A host time a call, flagged where an eager call waits on the host ("-" where not measured)."""
+    if time is None or time.host_ms is None:
+        return "-"
+    return f"{time.host_ms:.4f}" + (" host-bound" if time.host_bound else "")
 
 
 def compact(config: dict[str, Any]) -> str:
@@ -88,8 +97,6 @@ def tuned_table(table: dict[str, Any]) -> Table:
                 title=f"{table['arch']}: {', '.join(prov['devices']) or '?'} (exported {prov['exported_at']})")
     for kernel, entries in sorted(table["entries"].items()):
         for shape, e in sorted(entries.items()):
-            host = e.get("host_ms")  # a call's host time: entries exported before it was measured lack it
-            out.add_row(kernel, shape, compact(e["config"]), f"{e['median_ms']:.4f}",
-                        f"{host:.4f}" if host is not None else "-",
+            out.add_row(kernel, shape, compact(e["config"]), f"{e['median_ms']:.4f}", _host_cell(entry_time(e)),
                         f"{e['gbps']:.0f}" if e.get("gbps") else "-", str(e["sweep_id"]))
     return out
