@@ -141,13 +141,23 @@ def tma_specs(spaces: dict[str, dict], ep8_only: bool = False) -> list[tuple[str
 
 # The glue forward at 4,096 tokens, where the 2026-12-01 TPE sweeps (16 trials of 540 configs) left
 # it at 35-38% of the copy bandwidth: a grid over the long-loop tilings around their best.
-GLUE_4096_SPACE = {"BLOCK_N": [32, 64], "BLOCK_K": [64, 128], "SPLIT_K": [4, 8, 16], "num_warps": [4, 8],
-                   "num_stages": [3, 4], "maxnreg": [None]}
+GLUE_4096_SPACE = {"BLOCK_N": [32, 64], "BLOCK_K": [64, 128], "SPLIT_K": [4, 8, 16], "FUSED_GATES": [0],
+                   "num_warps": [4, 8], "num_stages": [3, 4], "maxnreg": [None]}
+GLUE_4096_SHAPES = [{"tokens": 4096, "hidden": hidden} for hidden in (4096, 7168)]
 
 
 def glue_4096_specs() -> list[tuple[str, dict]]:
-    shapes = [{"tokens": 4096, "hidden": hidden} for hidden in (4096, 7168)]
-    return [("mhc_glue_fwd-4096-grid", grid_spec("mhc_glue_fwd", shapes, GLUE_4096_SPACE))]
+    return [("mhc_glue_fwd-4096-grid", grid_spec("mhc_glue_fwd", GLUE_4096_SHAPES, GLUE_4096_SPACE))]
+
+
+# The split forward with its gates in the last split program of each token block (FUSED_GATES 1: two
+# launches, not three; the gates launch was 2.9-3.3 us of 44-73 at 4,096 tokens, 2026-12-01), beside
+# the three-launch form over the same split tilings, at both 4,096-token shapes.
+GLUE_FUSED_GATES_SPACE = GLUE_4096_SPACE | {"SPLIT_K": [4, 8], "FUSED_GATES": [0, 1]}
+
+
+def glue_fused_gates_specs() -> list[tuple[str, dict]]:
+    return [("mhc_glue_fwd-fused-gates-grid", grid_spec("mhc_glue_fwd", GLUE_4096_SHAPES, GLUE_FUSED_GATES_SPACE))]
 
 
 # The sparse-attention backward with its entry gradient transposed (wgmma at any head count; 64-head
@@ -638,6 +648,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     # the 2026-12-01 follow-up: the split glue forward, TMA backward GEMMs
     "split-glue-tma-bwd": lambda: per_preset_specs(("mhc_glue_fwd",)) + tma_specs(TMA_BWD_SPACES, ep8_only=True),
     "glue-4096": glue_4096_specs,
+    "glue-fused-gates": glue_fused_gates_specs,
     "attention-bwd-transposed": attention_bwd_transposed_specs,
     "attention-bwd-8192": lambda: attention_bwd_transposed_specs(8192, ATTENTION_BWD_8192_SPACE),
     "indexer-key-tiles": indexer_key_tiles_specs,

@@ -179,13 +179,37 @@ def _glue_gates(proj, sum_sq, tokens, logits, base_ptr, scale_ptr, pre_ptr, post
 
 
 @triton.jit
+def _sum_partials(part_ptr, tokens, logits, n_tokens, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+                  L2_ONLY: tl.constexpr):
+    """A token block's ``SPLIT_K`` partial projections and sums of squares, added in a fixed order
+    (deterministic). L2_ONLY bypasses the SM's L1, which may hold a line of these rows from before
+    another program of the same launch wrote it (rows of neighbouring token blocks share lines)."""
+    mask = tokens < n_tokens
+    proj = tl.zeros([BLOCK_N, _LOGITS_PAD], dtype=tl.float32)
+    sum_sq = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for split in tl.static_range(SPLIT_K):
+        rows = (split * n_tokens + tokens).to(tl.int64) * (_LOGITS_PAD + 1)
+        if L2_ONLY:
+            proj += tl.load(part_ptr + rows[:, None] + logits[None, :], mask=mask[:, None], other=0.0,
+                            cache_modifier=".cg")
+            sum_sq += tl.load(part_ptr + rows + _LOGITS_PAD, mask=mask, other=0.0, cache_modifier=".cg")
+        else:
+            proj += tl.load(part_ptr + rows[:, None] + logits[None, :], mask=mask[:, None], other=0.0)
+            sum_sq += tl.load(part_ptr + rows + _LOGITS_PAD, mask=mask, other=0.0)
+    return proj, sum_sq
+
+
+@triton.jit
 def _glue_fwd_kernel(
-    h_ptr, fn_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, m_ptr, rstd_ptr, part_ptr, n_tokens, width,
-    eps, k_chunk, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, UPCAST: tl.constexpr,
+    h_ptr, fn_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, m_ptr, rstd_ptr, part_ptr, arrivals_ptr,
+    n_tokens, width, eps, k_chunk, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    FUSED_GATES: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """SPLIT_K 1: the whole 4D axis, then the gates. Otherwise program (i, j) writes the projection and
     sum of squares of columns ``[j * k_chunk, (j + 1) * k_chunk)`` as row block i of slab j of the
-    ``[SPLIT_K, tokens, 33]`` fp32 ``part_ptr``, and ``_glue_gates_kernel`` adds the slabs."""
+    ``[SPLIT_K, tokens, 33]`` fp32 ``part_ptr``, and ``_glue_gates_kernel`` adds the slabs; with
+    FUSED_GATES the last of the block's programs to finish does, counted in ``arrivals_ptr`` (zeroed by
+    ``_split_fn_kernel``), which saves that launch."""
     tokens = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     logits = tl.arange(0, _LOGITS_PAD)
     split = tl.program_id(1)
@@ -200,6 +224,16 @@ def _glue_fwd_kernel(
         mask = tokens < n_tokens
         tl.store(part_ptr + rows[:, None] + logits[None, :], proj, mask=mask[:, None])
         tl.store(part_ptr + rows + _LOGITS_PAD, sum_sq, mask=mask)
+        if FUSED_GATES:
+            # Every thread's stores before the release; the last arrival reads the others' after its
+            # acquire (the split-K semaphore pattern).
+            tl.debug_barrier()
+            arrived = tl.atomic_add(arrivals_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+            tl.debug_barrier()
+            if arrived == SPLIT_K - 1:
+                total, total_sq = _sum_partials(part_ptr, tokens, logits, n_tokens, BLOCK_N, SPLIT_K, True)
+                _glue_gates(total, total_sq, tokens, logits, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
+                            m_ptr, rstd_ptr, n_tokens, width, eps)
 
 
 @triton.jit
@@ -207,17 +241,10 @@ def _glue_gates_kernel(
     part_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, m_ptr, rstd_ptr, n_tokens, width, eps,
     BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
-    """The split forward's second pass: the ``SPLIT_K`` partial projections of a token block, in a fixed
-    order (deterministic), then ``_glue_gates``."""
+    """The split forward's second pass: ``_sum_partials``, then ``_glue_gates``."""
     tokens = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     logits = tl.arange(0, _LOGITS_PAD)
-    mask = tokens < n_tokens
-    proj = tl.zeros([BLOCK_N, _LOGITS_PAD], dtype=tl.float32)
-    sum_sq = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for split in tl.static_range(SPLIT_K):
-        rows = (split * n_tokens + tokens).to(tl.int64) * (_LOGITS_PAD + 1)
-        proj += tl.load(part_ptr + rows[:, None] + logits[None, :], mask=mask[:, None], other=0.0)
-        sum_sq += tl.load(part_ptr + rows + _LOGITS_PAD, mask=mask, other=0.0)
+    proj, sum_sq = _sum_partials(part_ptr, tokens, logits, n_tokens, BLOCK_N, SPLIT_K, False)
     _glue_gates(proj, sum_sq, tokens, logits, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, m_ptr, rstd_ptr,
                 n_tokens, width, eps)
 
@@ -351,22 +378,26 @@ def _glue_bwd_sums_kernel(
 
 
 @triton.jit
-def _split_fn_kernel(fn_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _split_fn_kernel(fn_ptr, out_ptr, n, arrivals_ptr, n_arrivals, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     w = tl.load(fn_ptr + offsets, mask=mask, other=0.0)
     high = w.to(tl.bfloat16)
     tl.store(out_ptr + offsets, high, mask=mask)
     tl.store(out_ptr + n + offsets, _bf16_low(w, high), mask=mask)
+    tl.store(arrivals_ptr + offsets, tl.zeros([BLOCK], dtype=tl.int32), mask=offsets < n_arrivals)
 
 
-def _split_fn(fn: torch.Tensor, compile_only: bool) -> torch.Tensor:
+def _split_fn(fn: torch.Tensor, compile_only: bool, arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """``[2, 24, 4D]`` bf16: fn's bf16 rounding, then the bf16 rounding of the remainder (``_dot_split``'s
     split, done once a call rather than in every program: 1.5 MB of fp32 at D 4096, against the
     forward's 134 MB of h at 4,096 tokens). One launch: as five torch ops it took 9 us of device
-    time, a sixth of the whole forward at 4,096 tokens (``bench/glue_launches.py``)."""
+    time, a sixth of the whole forward at 4,096 tokens (``bench/glue_launches.py``). It also zeroes
+    the int32 ``arrivals`` counters of a FUSED_GATES forward, which runs after it on the stream."""
     out = torch.empty((2, *fn.shape), dtype=torch.bfloat16, device=fn.device)
-    launch(_split_fn_kernel, (cdiv(fn.numel(), _SPLIT_FN_BLOCK),), (fn, out, fn.numel()),
+    n_arrivals = 0 if arrivals is None else arrivals.numel()
+    launch(_split_fn_kernel, (cdiv(max(fn.numel(), n_arrivals), _SPLIT_FN_BLOCK),),
+           (fn, out, fn.numel(), out if arrivals is None else arrivals, n_arrivals),
            {"BLOCK": _SPLIT_FN_BLOCK}, {"num_warps": 4}, compile_only)
     return out
 
@@ -387,16 +418,19 @@ def _glue_forward(
     k_chunk = cdiv(cdiv(width, split), block_k) * block_k
     part = torch.empty(split, n_tokens, _N_PAD + 1, **fp32) if split > 1 else m
     blocks = cdiv(n_tokens, block_n)
+    fused_gates = split > 1 and bool(config.get("FUSED_GATES"))  # configs tuned before FUSED_GATES lack it
+    arrivals = torch.empty(blocks, dtype=torch.int32, device=h.device) if fused_gates else None
     interpreted = current_arch() == INTERPRETER_ARCH
     launch(
         _glue_fwd_kernel,
         (blocks, split),
-        (h, _split_fn(fn, compile_only), base, scale, pre, post, comb, m, rstd, part, n_tokens, width, eps, k_chunk),
-        {"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split, "UPCAST": interpreted},
+        (h, _split_fn(fn, compile_only, arrivals), base, scale, pre, post, comb, m, rstd, part,
+         m if arrivals is None else arrivals, n_tokens, width, eps, k_chunk),
+        {"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split, "FUSED_GATES": fused_gates, "UPCAST": interpreted},
         config,
         compile_only,
     )
-    if split > 1:
+    if split > 1 and not fused_gates:
         launch(
             _glue_gates_kernel,
             (blocks,),
@@ -867,7 +901,9 @@ def _glue_default(shape: Shape, backward: bool) -> Config:
     if not backward:
         blocks = cdiv(tokens, block_n)
         split = min(next_pow2(cdiv(_FILL_PROGRAMS, blocks)), max(1, 4 * shape["hidden"] // 512))
-        return {"BLOCK_N": block_n, "BLOCK_K": 64, "SPLIT_K": split, "num_warps": 4, "num_stages": 3}
+        # FUSED_GATES 0 until an H200 sweep has timed it (prepared 2026-12-03f)
+        return {"BLOCK_N": block_n, "BLOCK_K": 64, "SPLIT_K": split, "FUSED_GATES": 0, "num_warps": 4,
+                "num_stages": 3}
     slabs = 16 if cdiv(tokens, block_n) >= 16 else 8
     return {"BLOCK_N": block_n, "BLOCK_K": 128, "SLABS": slabs, "DFN_TRANSPOSED": 0, "TMA": 0, "num_warps": 8,
             "num_stages": 2}

@@ -101,6 +101,15 @@ def test_fn_split_is_its_bf16_rounding_and_the_remainder():
     assert bool((low.abs() <= fn.abs() * 2**-7).all())
 
 
+def test_fn_split_zeroes_the_fused_gates_arrival_counters():
+    """The counters a FUSED_GATES forward counts its split programs' arrivals in start at zero on every
+    call: the split launch, which runs first, clears them (here more of them than fn has elements)."""
+    fn = torch.randn(24, 8).to(DEVICE)
+    arrivals = torch.full((5000,), 7, dtype=torch.int32, device=DEVICE)
+    mhc._split_fn(fn, compile_only=False, arrivals=arrivals)
+    assert int(arrivals.abs().sum()) == 0
+
+
 def _streams_problem(lead: tuple[int, ...], hidden: int, dtype: torch.dtype, seed: int = 2):
     gen = torch.Generator().manual_seed(seed)
     h = torch.randn(*lead, 4, hidden, generator=gen).to(DEVICE, dtype)
@@ -184,11 +193,16 @@ def test_sublayer_round_trip_matches_eager():
 
 CONFIGS = {
     "mhc_glue_fwd": [
-        {"BLOCK_N": 16, "SPLIT_K": 1, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2},  # ragged chunks of 4D = 160
-        {"BLOCK_N": 32, "SPLIT_K": 1, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3},
-        {"BLOCK_N": 128, "SPLIT_K": 1, "BLOCK_K": 256, "num_warps": 8, "num_stages": 4},  # wider than every small shape
-        {"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 4, "num_warps": 4, "num_stages": 2},  # 4D in 4 ragged splits
-        {"BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 16, "num_warps": 4, "num_stages": 2},  # splits past 4D's end
+        {"BLOCK_N": 16, "SPLIT_K": 1, "BLOCK_K": 64, "FUSED_GATES": 0, "num_warps": 4, "num_stages": 2},  # ragged chunks of 4D = 160
+        {"BLOCK_N": 32, "SPLIT_K": 1, "BLOCK_K": 32, "FUSED_GATES": 0, "num_warps": 4, "num_stages": 3},
+        # a token tile wider than the 37 tokens (the space prunes wider ones)
+        {"BLOCK_N": 64, "SPLIT_K": 1, "BLOCK_K": 128, "FUSED_GATES": 0, "num_warps": 8, "num_stages": 4},
+        {"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 4, "FUSED_GATES": 0, "num_warps": 4, "num_stages": 2},  # 4D in 4 ragged splits
+        # splits past 4D's end (4D = 384 at 37 tokens: 64-column splits, the last two empty)
+        {"BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 8, "FUSED_GATES": 0, "num_warps": 4, "num_stages": 2},
+        # the gates by each token block's last split program to arrive, not a third launch
+        {"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 4, "FUSED_GATES": 1, "num_warps": 4, "num_stages": 2},
+        {"BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 8, "FUSED_GATES": 1, "num_warps": 4, "num_stages": 2},
     ],
     "mhc_glue_bwd": [
         {"BLOCK_N": 16, "BLOCK_K": 64, "SLABS": 1, "DFN_TRANSPOSED": 0, "TMA": 0, "num_warps": 4, "num_stages": 1},  # one slab
