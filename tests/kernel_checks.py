@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from kernels import registry, tuning
-from kernels.arch import current_arch, kernel_device
+from kernels.arch import INTERPRETER_ARCH, current_arch, kernel_device
 from kernels.registry import TunableKernel
 from search_spaces import load_space
 
@@ -22,9 +22,14 @@ def assert_config_matches_reference(kernel: TunableKernel, config: dict[str, Any
     """``config`` computes the reference on every small preset its space allows on this arch.
 
     The interpreter allows every config; on a GPU a config the space prunes (e.g. more
-    shared memory than the chip has) is skipped, as a sweep would skip it.
+    shared memory than the chip has) is skipped, as a sweep would skip it. A config the space
+    allows at no small preset, here or on the interpreter, would test nothing, so it fails.
     """
     space = load_space(kernel.name)
+    allowed = [s for s in kernel.presets["small"] for arch in {current_arch(), INTERPRETER_ARCH}
+               if space.violation(config, s, arch) is None]
+    assert allowed, (f"{kernel.name}: the space allows {config} at no small preset "
+                     f"({space.violation(config, kernel.presets['small'][0], current_arch())}): it would test nothing")
     for shape in kernel.presets["small"]:
         if space.violation(config, shape, current_arch()):
             continue

@@ -163,10 +163,16 @@ CONFIGS = [
 ]
 
 
+def _for_launch(name: str, config: dict) -> dict:
+    """The weight-gradient launches' K is an expert's tokens, at most 8 at the small shapes: their
+    space allows K steps of 16 only there (still a ragged K)."""
+    return {**config, "BLOCK_K": 16} if name.endswith("_dw") else config
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=["16-16-16", "16-32-32", "32-16-64", "tma-16-16-16", "tma-16-32-32"])
 @pytest.mark.parametrize("name", LAUNCHES)
 def test_tuned_configs_match_reference(name, config):
-    assert_config_matches_reference(registry.get(name), config, seed=3)
+    assert_config_matches_reference(registry.get(name), _for_launch(name, config), seed=3)
 
 
 @pytest.mark.parametrize("name", ["expert_down_bwd_dw", "expert_up_bwd_dw"])

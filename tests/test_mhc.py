@@ -207,9 +207,9 @@ CONFIGS = {
     "mhc_glue_bwd": [
         {"BLOCK_N": 16, "BLOCK_K": 64, "SLABS": 1, "DFN_TRANSPOSED": 0, "TMA": 0, "num_warps": 4, "num_stages": 1},  # one slab
         # ragged last slab
-        {"BLOCK_N": 16, "BLOCK_K": 256, "SLABS": 2, "DFN_TRANSPOSED": 0, "TMA": 0, "num_warps": 4, "num_stages": 2},
-        # more slabs than blocks; dfn accumulated transposed
-        {"BLOCK_N": 64, "BLOCK_K": 128, "SLABS": 32, "DFN_TRANSPOSED": 1, "TMA": 0, "num_warps": 8, "num_stages": 2},
+        {"BLOCK_N": 16, "BLOCK_K": 128, "SLABS": 2, "DFN_TRANSPOSED": 0, "TMA": 0, "num_warps": 4, "num_stages": 2},
+        # more slabs than blocks (8 for one 64-token block of 37 tokens); dfn accumulated transposed
+        {"BLOCK_N": 64, "BLOCK_K": 128, "SLABS": 8, "DFN_TRANSPOSED": 1, "TMA": 0, "num_warps": 8, "num_stages": 2},
         # by TMA descriptors: token tiles past the tokens and 4D chunks past 4D zero-filled and clipped
         {"BLOCK_N": 16, "BLOCK_K": 64, "SLABS": 2, "DFN_TRANSPOSED": 0, "TMA": 1, "num_warps": 4, "num_stages": 2},
         {"BLOCK_N": 64, "BLOCK_K": 128, "SLABS": 1, "DFN_TRANSPOSED": 1, "TMA": 1, "num_warps": 4, "num_stages": 1},
@@ -218,7 +218,7 @@ CONFIGS = {
         name: [
             {"BLOCK_T": 2, "BLOCK_D": 32, "num_warps": 2, "num_stages": 1},  # D walked in ragged chunks
             {"BLOCK_T": 4, "BLOCK_D": 64, "num_warps": 4, "num_stages": 2},
-            {"BLOCK_T": 8, "BLOCK_D": 2048, "num_warps": 8, "num_stages": 2},  # one chunk wider than D
+            {"BLOCK_T": 8, "BLOCK_D": 256, "num_warps": 8, "num_stages": 2},  # one chunk wider than D
         ]
         for name in KERNELS[2:]
     },

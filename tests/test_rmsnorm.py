@@ -61,12 +61,12 @@ FWD_CONFIGS = [
     {"BLOCK_M": 1, "BLOCK_D": 0, "num_warps": 1, "num_stages": 1},
     {"BLOCK_M": 2, "BLOCK_D": 32, "num_warps": 2, "num_stages": 2},  # ragged chunks of 96 and 40
     {"BLOCK_M": 16, "BLOCK_D": 16, "num_warps": 4, "num_stages": 1},
-    {"BLOCK_M": 4, "BLOCK_D": 4096, "num_warps": 8, "num_stages": 1},  # wider than the row: one pass
+    {"BLOCK_M": 4, "BLOCK_D": 0, "num_warps": 8, "num_stages": 1},  # one pass over the whole (padded) row
 ]
 BWD_CONFIGS = [
     {"BLOCK_M": 1, "PROGRAMS": 1, "num_warps": 1, "num_stages": 1},  # one program loops over every row
     {"BLOCK_M": 2, "PROGRAMS": 3, "num_warps": 2, "num_stages": 2},  # ragged slabs of rows
-    {"BLOCK_M": 8, "PROGRAMS": 1024, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_M": 8, "PROGRAMS": 128, "num_warps": 4, "num_stages": 1},  # more programs than row blocks
 ]
 
 
@@ -134,3 +134,11 @@ def test_bytes_moved_counts_each_tensor_once():
     tokens_by_hidden = 4096 * 7168
     assert registry.get("rmsnorm_fwd").bytes_moved(shape) == 2 * (2 * tokens_by_hidden + 7168)
     assert registry.get("rmsnorm_bwd").bytes_moved(shape) == 2 * (3 * tokens_by_hidden + 2 * 7168) + 4 * 4096
+
+
+def test_a_config_the_space_prunes_at_every_small_preset_is_refused():
+    """assert_config_matches_reference fails where it would compare nothing: a chunk as wide as the row
+    is pruned at every small shape (it is the one-pass config again)."""
+    with pytest.raises(AssertionError, match="would test nothing"):
+        assert_config_matches_reference(registry.get("rmsnorm_fwd"),
+                                        {"BLOCK_M": 4, "BLOCK_D": 4096, "num_warps": 8, "num_stages": 1}, seed=3)

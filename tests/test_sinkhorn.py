@@ -56,8 +56,8 @@ def test_forward_and_gradients_match_eager(shape, iters, dtype):
         for name in ("sinkhorn_fwd", "sinkhorn_bwd")
         for config in (
             {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1},
-            {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
-            {"BLOCK_N": 128, "num_warps": 8, "num_stages": 1},  # wider than every small shape
+            {"BLOCK_N": 32, "num_warps": 1, "num_stages": 1},  # 33 tokens: a ragged second block
+            {"BLOCK_N": 128, "num_warps": 4, "num_stages": 1},  # one block wider than 100 tokens
         )
     ],
 )
