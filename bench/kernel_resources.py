@@ -4,9 +4,9 @@ The benchmark write-ups name what bounds a kernel; this script reads it from the
 of guessing: for each launch and preset shape asked, it runs the heuristic default and the table's
 config once (or the configs of ``--configs``) and records, for every Triton kernel those runs
 launched, registers per thread, spilled bytes, shared memory, ``num_warps``, what that allows per SM
-(65,536 registers, the device's shared memory, 32 programs and 64 warps per SM), how many warpgroup MMAs (``HGMMA``,
-Hopper's wgmma), warp-level MMAs (``HMMA``, mma.sync) and memory barriers (``MEMBAR``) its SASS holds, and the instructions of each
-of its loop bodies.
+(65,536 registers, the device's shared memory, 32 programs and 64 warps per SM), how many
+warpgroup MMAs (``HGMMA``, Hopper's wgmma), warp-level MMAs (``HMMA``, mma.sync) and memory
+barriers (``MEMBAR``) its SASS holds, and the instructions of each of its loop bodies.
 
 On a machine without a GPU it compiles for ``--offline-arch`` (sm_90) instead of launching: Triton's
 JIT specialises and compiles exactly as for a launch, and the registers and spills come from the
@@ -123,8 +123,9 @@ def loop_wgmma_waits(sass: str) -> list[int]:
 def _sass_counts(cubin: bytes) -> dict[str, Any]:
     sass = _cuobjdump(cubin, "-sass")
     return {"hgmma": len(re.findall(r"\bHGMMA\.", sass)), "hmma": len(re.findall(r"\bHMMA\.", sass)),
-            "membars": len(re.findall(r"\bMEMBAR\.", sass)), "loop_instructions": loop_bodies(sass), "loop_barriers": loop_barriers(sass),
-            "loop_uniform_moves": loop_uniform_moves(sass), "loop_wgmma_waits": loop_wgmma_waits(sass)}
+            "membars": len(re.findall(r"\bMEMBAR\.", sass)), "loop_instructions": loop_bodies(sass),
+            "loop_barriers": loop_barriers(sass), "loop_uniform_moves": loop_uniform_moves(sass),
+            "loop_wgmma_waits": loop_wgmma_waits(sass)}
 
 
 def _registers_and_spills(compiled: Any, offline: bool) -> tuple[int, int]:

@@ -2,10 +2,11 @@
 
 On the H200 an eager call of the indexer at sequence 4,096 costs 124-150 µs of host time, as long
 as its device work (2026-12-03f). This script runs, per launch and preset shape, the table's config
-(the default where it has none) ``CALLS`` times back to back under ``cProfile`` and records the functions that take the host's time
-(self time, and cumulative time of our own and Triton's entry points), beside two baselines timed
-the same way on the same machine: an empty Triton kernel of one pointer argument, and one with the
-scoring's argument count (eight tensors or ints and nine constexprs).
+(the default where it has none) ``CALLS`` times back to back under ``cProfile`` and records the
+functions that take the host's time (self time, and cumulative time of our own and Triton's entry
+points), beside two baselines timed the same way on the same machine: an empty Triton kernel of
+one pointer argument, and one with the scoring's argument count (eight tensors or ints and nine
+constexprs).
 
 Usage: python bench/launch_host_profile.py TABLE OUT_JSON KERNEL,KERNEL,... PRESETS [--only TEXT]
 """
@@ -16,7 +17,6 @@ import argparse
 import cProfile
 import json
 import pstats
-import time
 from pathlib import Path
 
 import torch
@@ -24,9 +24,9 @@ import triton
 import triton.language as tl
 
 from kernels import registry
-from launch_variants import configs_at, preset_shapes  # bench/ is the script directory
+from launch_host_time import CALLS, host_and_events  # bench/ is the script directory
+from launch_variants import configs_at, preset_shapes
 
-CALLS = 200
 TOP = 25
 
 
@@ -42,16 +42,8 @@ def _wide_kernel(a, b, c, d, n0, n1, n2, n3, A: tl.constexpr, B: tl.constexpr, C
 
 
 def _host_us(fn) -> float:
-    """Host µs a call over CALLS back-to-back calls, after warm-up."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(CALLS):
-        fn()
-    host = (time.perf_counter() - start) / CALLS * 1e6
-    torch.cuda.synchronize()
-    return host
+    """Host µs a call over back-to-back calls, after warm-up (as ``launch_host_time.py`` measures it)."""
+    return host_and_events(fn)[0]
 
 
 def _profile(fn) -> list[dict]:

@@ -31,7 +31,7 @@ CALLS = 200
 WARMUP_CALLS = 20
 
 
-def _host_and_events(fn) -> tuple[float, float]:
+def host_and_events(fn) -> tuple[float, float]:
     """Host µs a call and events ms a call over CALLS back-to-back calls."""
     for _ in range(WARMUP_CALLS):
         fn()
@@ -64,7 +64,7 @@ def main() -> None:
         inputs = kernel.make_inputs(shape, torch.device("cuda"), 0)
         for variant, config in configs_at(kernel, shape, entries, overrides).items():
             fn = lambda: kernel.run(inputs, config)  # noqa: E731 - one call of the launch
-            host_us, events_ms = _host_and_events(fn)
+            host_us, events_ms = host_and_events(fn)
             device_ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
             row = {"kernel": args.kernel, "shape": key, "variant": variant, "config": config,
                    "host_us": round(host_us, 1), "events_ms": round(events_ms, 4), "device_ms": round(device_ms, 4)}

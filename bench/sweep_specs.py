@@ -587,22 +587,23 @@ def indexer_head_splits_specs() -> list[tuple[str, dict]]:
 # Three scoring programs an SM instead of two at sequence 4,096 (about 290 programs of 64 queries
 # and one 128-entry key tile, for 264 co-resident ones at two an SM): at most 168 registers and 2
 # q stages (64 KiB of shared memory a program) fit three; 64-entry key tiles with at most 128
-# registers fit four. Beside each shape's committed entry, its selection held; ranked by eager call
-# time (host time included, tuner/ranking.py), which also shows whether TMA's host-built
-# descriptors still win at 4,096.
+# registers fit four. Beside each shape's committed entry, its selection held. The trials record
+# host times too (tuner/ranking.py), which show what TMA's host-built descriptors cost at 4,096.
 INDEXER_THREE_PER_SM_SPACE = {"BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [64, 128], "KEY_TILES": [1],
                               "LATE_HEAD_SUM": [0], "TMA": [0, 1], "num_warps": [4], "num_stages": [2, 3],
                               "maxnreg": [None, 128, 168], **INDEXER_TRITON_UNSPLIT}
 
 
-def indexer_three_per_sm_specs() -> list[tuple[str, dict]]:
+def indexer_beside_committed_specs(label: str, space: dict, seq: int | None = None) -> list[tuple[str, dict]]:
+    """Per indexer shape (of sequence ``seq``, or all): its committed entry, and a grid of ``space``
+    with the shape's selection held at its committed entry."""
     specs = []
-    for shape in shapes_of("indexer_fwd", 4096):
+    for shape in shapes_of("indexer_fwd", seq):
         incumbent = {p: [v] for p, v in committed_config("indexer_fwd", shape).items()} | INDEXER_TRITON_UNSPLIT
         incumbent.setdefault("TMA", [0])
-        name = f"indexer_fwd-three-per-sm-{shape['seq']}-{shape['topk']}"
+        name = f"indexer_fwd-{label}-{shape['seq']}-{shape['topk']}"
         specs += [(f"{name}-committed", grid_spec("indexer_fwd", [shape], incumbent)),
-                  (f"{name}-grid", grid_spec("indexer_fwd", [shape], INDEXER_THREE_PER_SM_SPACE | committed_selection(shape)))]
+                  (f"{name}-grid", grid_spec("indexer_fwd", [shape], space | committed_selection(shape)))]
     return specs
 
 
@@ -619,15 +620,6 @@ INDEXER_GLUON_SPACE = {"GLUON": [1], "BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T":
 INDEXER_GLUON_RING_SPACE = INDEXER_GLUON_SPACE | {"BLOCK_T": [128], "num_warps": [4], "num_stages": [4, 5]}
 
 
-def indexer_gluon_specs(space: dict = INDEXER_GLUON_SPACE) -> list[tuple[str, dict]]:
-    specs = []
-    for shape in shapes_of("indexer_fwd"):
-        incumbent = {p: [v] for p, v in committed_config("indexer_fwd", shape).items()} | INDEXER_TRITON_UNSPLIT
-        incumbent.setdefault("TMA", [0])
-        name = f"indexer_fwd-gluon-{shape['seq']}-{shape['topk']}"
-        specs += [(f"{name}-committed", grid_spec("indexer_fwd", [shape], incumbent)),
-                  (f"{name}-grid", grid_spec("indexer_fwd", [shape], space | committed_selection(shape)))]
-    return specs
 
 
 # The router forward's top-k rounds as one argmax each (ARGMAX 1: 93 sm_90 instructions a round
@@ -694,9 +686,9 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-tma": lambda: indexer_scoring_grid_specs("tma", INDEXER_TMA_SPACE),
     "indexer-tma-head-blocks": lambda: indexer_scoring_grid_specs("tma-head-blocks", INDEXER_TMA_HEAD_BLOCKS_SPACE),
     "indexer-head-splits": indexer_head_splits_specs,
-    "indexer-three-per-sm": indexer_three_per_sm_specs,
-    "indexer-gluon": indexer_gluon_specs,
-    "indexer-gluon-ring": lambda: indexer_gluon_specs(INDEXER_GLUON_RING_SPACE),
+    "indexer-three-per-sm": lambda: indexer_beside_committed_specs("three-per-sm", INDEXER_THREE_PER_SM_SPACE, 4096),
+    "indexer-gluon": lambda: indexer_beside_committed_specs("gluon", INDEXER_GLUON_SPACE),
+    "indexer-gluon-ring": lambda: indexer_beside_committed_specs("gluon", INDEXER_GLUON_RING_SPACE),
 }
 
 

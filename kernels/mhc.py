@@ -397,7 +397,7 @@ def _split_fn(fn: torch.Tensor, compile_only: bool, arrivals: torch.Tensor | Non
     time, a sixth of the whole forward at 4,096 tokens (``bench/glue_launches.py``). It also zeroes
     the int32 ``arrivals`` counters of a FUSED_GATES forward, which runs after it on the stream."""
     out = torch.empty((2, *fn.shape), dtype=torch.bfloat16, device=fn.device)
-    n_arrivals = 0 if arrivals is None else arrivals.numel()
+    n_arrivals = 0 if arrivals is None else arrivals.numel()  # none: ``out`` stands in, nothing is stored
     launch(_split_fn_kernel, (cdiv(max(fn.numel(), n_arrivals), _SPLIT_FN_BLOCK),),
            (fn, out, fn.numel(), out if arrivals is None else arrivals, n_arrivals),
            {"BLOCK": _SPLIT_FN_BLOCK}, {"num_warps": 4}, compile_only)
@@ -427,7 +427,7 @@ def _glue_forward(
         _glue_fwd_kernel,
         (blocks, split),
         (h, _split_fn(fn, compile_only, arrivals), base, scale, pre, post, comb, m, rstd, part,
-         m if arrivals is None else arrivals, n_tokens, width, eps, k_chunk),
+         m if arrivals is None else arrivals, n_tokens, width, eps, k_chunk),  # m: unread without FUSED_GATES
         {"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split, "FUSED_GATES": fused_gates, "UPCAST": interpreted},
         config,
         compile_only,
