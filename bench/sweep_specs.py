@@ -413,8 +413,10 @@ def compressor_specs() -> list[tuple[str, dict]]:
             ("compressor_bwd-tpe", tpe_spec("compressor_bwd", shapes, COMPRESSOR_BWD_TRIALS))]
 
 
-# The backward's grids run before SAVED_STATS existed recomputed the window softmax.
-BEFORE_SAVED_STATS = {"SAVED_STATS": [0], "BLOCK_P": [1]}
+# The backward's grids run before DAPE_LAST existed zeroed dape by a fill launch (with atomics).
+BEFORE_DAPE_LAST = {"DAPE_LAST": [0]}
+# Those run before SAVED_STATS existed recomputed the window softmax.
+BEFORE_SAVED_STATS = {"SAVED_STATS": [0], "BLOCK_P": [1]} | BEFORE_DAPE_LAST
 
 
 # The backward's HCA shape at sequence 8,192, which the compressor group's sweep did not reach
@@ -443,7 +445,7 @@ def compressor_bwd_slabs_specs() -> list[tuple[str, dict]]:
 # of fp32 dape partials, 2026-12-03b), beside each shape's committed entry, at both HCA shapes.
 COMPRESSOR_BWD_SAVED_STATS_SPACE = {"SAVED_STATS": [1], "BLOCK_G": [2, 4, 8], "BLOCK_P": [2, 4, 8],
                                     "BLOCK_D": [64, 128], "SLABS": [4], "DAPE_ATOMIC": [0], "num_warps": [4],
-                                    "num_stages": [1, 2], "maxnreg": [None]}
+                                    "num_stages": [1, 2], "maxnreg": [None], **BEFORE_DAPE_LAST}
 
 
 # Its first H200 grid (2026-12-03e) was fastest at the most entries a loop step (8, against 4 and
@@ -473,7 +475,8 @@ COMPRESSOR_BWD_RELAXED_SPACE = {"BLOCK_G": [2, 4, 8], "BLOCK_D": [16], "SLABS": 
                                 "num_warps": [1], "num_stages": [1, 2], "maxnreg": [None, 128], **BEFORE_SAVED_STATS}
 
 
-def compressor_bwd_relaxed_specs() -> list[tuple[str, dict]]:
+def compressor_bwd_ratio_4_beside_committed(label: str, space: dict) -> list[tuple[str, dict]]:
+    """At each ratio-4 backward shape, its committed entry alone, then the grid of ``space``."""
     specs = []
     for shape in shapes_of("compressor_bwd", presets=("v4-flash",)):
         if shape["ratio"] != 4:
@@ -481,8 +484,23 @@ def compressor_bwd_relaxed_specs() -> list[tuple[str, dict]]:
         held = {p: [v] for p, v in committed_config("compressor_bwd", shape).items()} | BEFORE_SAVED_STATS
         name = f"compressor_bwd-ratio-4-{shape['seq']}-{shape['dim']}"
         specs += [(f"{name}-committed", grid_spec("compressor_bwd", [shape], held)),
-                  (f"{name}-relaxed-grid", grid_spec("compressor_bwd", [shape], COMPRESSOR_BWD_RELAXED_SPACE))]
+                  (f"{name}-{label}-grid", grid_spec("compressor_bwd", [shape], space))]
     return specs
+
+
+def compressor_bwd_relaxed_specs() -> list[tuple[str, dict]]:
+    return compressor_bwd_ratio_4_beside_committed("relaxed", COMPRESSOR_BWD_RELAXED_SPACE)
+
+
+# The ratio-4 backward's dape published by the last program of each channel block from zero-at-rest
+# scratch (DAPE_LAST 1: no fill launch before the kernel, 0.7 of the 6.5 us of kernel time and a
+# graph node at CSA d 128, sequence 4,096, 2026-12-03f), beside each ratio-4 shape's committed
+# entry, over the same neighbourhood as the relaxed-atomics grid.
+COMPRESSOR_BWD_DAPE_LAST_SPACE = COMPRESSOR_BWD_RELAXED_SPACE | {"DAPE_LAST": [0, 1]}
+
+
+def compressor_bwd_dape_last_specs() -> list[tuple[str, dict]]:
+    return compressor_bwd_ratio_4_beside_committed("dape-last", COMPRESSOR_BWD_DAPE_LAST_SPACE)
 
 
 # The indexer's whole space (77,130 valid configs at the Flash 4,096 shape), by TPE from valid
@@ -682,6 +700,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "compressor-bwd-saved-stats": compressor_bwd_saved_stats_specs,
     "compressor-bwd-saved-stats-wide": lambda: compressor_bwd_saved_stats_specs(COMPRESSOR_BWD_SAVED_STATS_WIDE_SPACE),
     "compressor-bwd-relaxed": compressor_bwd_relaxed_specs,
+    "compressor-bwd-dape-last": compressor_bwd_dape_last_specs,
     "indexer-one-head-block": lambda: indexer_scoring_grid_specs("one-head-block", INDEXER_ONE_HEAD_BLOCK_SPACE, topk=512),
     "indexer-tma": lambda: indexer_scoring_grid_specs("tma", INDEXER_TMA_SPACE),
     "indexer-tma-head-blocks": lambda: indexer_scoring_grid_specs("tma-head-blocks", INDEXER_TMA_HEAD_BLOCKS_SPACE),

@@ -32,7 +32,9 @@ writes every element once and the gradients need no zero-filled buffers. ``dape`
 sum of dscore over batch and groups: each of at most ``SLABS`` programs per channel block
 walks a contiguous slab of entries, accumulating its ``[window, BLOCK_D]`` share in fp32
 registers, and then either atomically adds it into an fp32 ``[r, coff*d]`` buffer
-(``DAPE_ATOMIC = 1``: the order of the additions, so the last bits, vary run to run) or
+(``DAPE_ATOMIC = 1``: the order of the additions, so the last bits, vary run to run; the
+buffer's zeroing is a fill launch of its own, except with ``DAPE_LAST``, where the adds go to a
+zero-at-rest accumulator that the last program of the channel block copies out and zeroes) or
 writes it as one row of an fp32 ``[slabs, r, coff*d]`` buffer summed afterwards
 (``DAPE_ATOMIC = 0``: deterministic, but the partials cost ``slabs * r * coff * d * 4``
 bytes each way, which for HCA, with few entries per slab, nears the traffic of the
@@ -64,6 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import zero_at_rest
 from kernels.host_math import cdiv, next_pow2
 from kernels.launch import launch
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
@@ -138,11 +141,15 @@ def _compressor_fwd_kernel(
 
 @triton.jit
 def _compressor_bwd_kernel(
-    kv_ptr, score_ptr, ape_ptr, dc_ptr, dkv_ptr, dscore_ptr, dape_ptr,
+    kv_ptr, score_ptr, ape_ptr, dc_ptr, dkv_ptr, dscore_ptr, dape_ptr, acc_ptr, arrivals_ptr,
     n_rows, entries, seq, dim, rows_per_slab,
     RATIO: tl.constexpr, COFF: tl.constexpr, WINDOW: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-    DAPE_ATOMIC: tl.constexpr,
+    DAPE_ATOMIC: tl.constexpr, DAPE_LAST: tl.constexpr,
 ):
+    """dkv and dscore of a slab of entries over BLOCK_D channels, and the slab's dape share: stored as
+    its own partial, added by atomics into a zeroed dape, or (DAPE_LAST) added into a zero-at-rest
+    accumulator (``kernels.zero_at_rest``) that the channel block's last program to arrive, counted
+    in ``arrivals_ptr``, copies into dape in ape's dtype and zeroes again: no fill launch before."""
     slab = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     pos = tl.arange(0, WINDOW)
@@ -166,7 +173,19 @@ def _compressor_bwd_kernel(
         tl.store(dkv_ptr + offsets, dkv.to(dkv_ptr.dtype.element_ty), mask=mask)
         tl.store(dscore_ptr + offsets, dlogit.to(dscore_ptr.dtype.element_ty), mask=mask)
         dape += tl.sum(dlogit, axis=0)
-    if DAPE_ATOMIC:
+    if DAPE_LAST:
+        tl.atomic_add(acc_ptr + ape_offsets, dape, mask=ape_mask, sem="relaxed")
+        # Every thread's adds before the release; the last arrival reads the others' after its
+        # acquire (the split-K semaphore pattern, as the mHC glue's FUSED_GATES).
+        tl.debug_barrier()
+        arrived = tl.atomic_add(arrivals_ptr + tl.program_id(1), 1, sem="acq_rel", scope="gpu")
+        tl.debug_barrier()
+        if arrived == tl.num_programs(0) - 1:
+            total = tl.load(acc_ptr + ape_offsets, mask=ape_mask, other=0.0, cache_modifier=".cg")
+            tl.store(dape_ptr + ape_offsets, total.to(dape_ptr.dtype.element_ty), mask=ape_mask)
+            tl.store(acc_ptr + ape_offsets, tl.zeros_like(total), mask=ape_mask)
+            tl.store(arrivals_ptr + tl.program_id(1), 0)
+    elif DAPE_ATOMIC:
         # relaxed: the sums need no ordering against other memory; the default acq_rel fenced
         # every add (membar stalls under Nsight Compute, 2026-12-02e)
         tl.atomic_add(dape_ptr + ape_offsets, dape, mask=ape_mask, sem="relaxed")
@@ -269,19 +288,30 @@ def _backward(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, grad_out
     row_blocks = cdiv(n_rows, block_g)
     rows_per_slab = cdiv(row_blocks, max(1, min(config["SLABS"], row_blocks))) * block_g
     slabs = cdiv(n_rows, rows_per_slab)
-    if config["DAPE_ATOMIC"]:
+    channel_blocks = cdiv(dim, config["BLOCK_D"])
+    dape_last = bool(config.get("DAPE_LAST", 0))  # configs tuned before DAPE_LAST lack it
+    if dape_last:
+        dape = torch.empty_like(ape)
+        slot, acc, arrivals = zero_at_rest.take(kv.device, ape.numel(), channel_blocks)
+    elif config["DAPE_ATOMIC"]:
         dape = torch.zeros(ratio, width, dtype=torch.float32, device=kv.device)
     else:
         dape = torch.empty(slabs, ratio, width, dtype=torch.float32, device=kv.device)
-    launch(
-        _compressor_bwd_kernel,
-        (slabs, cdiv(dim, config["BLOCK_D"])),
-        (kv, score, ape, grad_out, dkv, dscore, dape, n_rows, entries, seq, dim, rows_per_slab),
-        {**_constexprs(ratio, config), "DAPE_ATOMIC": bool(config["DAPE_ATOMIC"])},
-        config,
-        compile_only,
-    )
-    if not config["DAPE_ATOMIC"]:
+    try:
+        launch(
+            _compressor_bwd_kernel,
+            (slabs, channel_blocks),
+            (kv, score, ape, grad_out, dkv, dscore, dape, *((acc, arrivals) if dape_last else (dape, dape)),
+             n_rows, entries, seq, dim, rows_per_slab),  # dape twice: unread without DAPE_LAST
+            {**_constexprs(ratio, config), "DAPE_ATOMIC": bool(config["DAPE_ATOMIC"]), "DAPE_LAST": dape_last},
+            config,
+            compile_only,
+        )
+    except BaseException:
+        if dape_last:
+            zero_at_rest.restore(kv.device, slot)
+        raise
+    if not (config["DAPE_ATOMIC"] or dape_last):
         dape = dape.sum(0)
     return dkv, dscore, dape.to(ape.dtype)
 
@@ -437,7 +467,8 @@ def _default_bwd_config(shape: Shape) -> Config:
     slabs = max(s for s in (32, 64, 128) if s <= max(32, entry_blocks))
     partial_bytes = 2 * min(slabs, entry_blocks) * ratio * window_factor(ratio) * dim * _FP32_BYTES
     return {"BLOCK_G": block_g, "BLOCK_D": block_d, "SLABS": slabs, "SAVED_STATS": 0, "BLOCK_P": 1,
-            "DAPE_ATOMIC": int(8 * partial_bytes > _bytes_bwd(shape)), "num_warps": 8, "num_stages": 1}
+            "DAPE_ATOMIC": int(8 * partial_bytes > _bytes_bwd(shape)), "DAPE_LAST": 0, "num_warps": 8,
+            "num_stages": 1}
 
 
 def _sizes(shape: Shape) -> tuple[int, int, int, int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import compressor, registry
+from kernels import compressor, registry, zero_at_rest
 from kernels.arch import current_arch, kernel_device
 from kernels.compressor import compressor_pool, compressor_pool_reference
 from search_spaces import load_space
@@ -89,8 +89,56 @@ def test_every_gradient_element_is_written(monkeypatch):
                 assert (g[:, closed - ratio:closed, 16:] != 0).all()
 
 
-STATS_CONFIG = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 4, "DAPE_ATOMIC": 0, "SAVED_STATS": 1, "BLOCK_P": 16,
-                "num_warps": 2, "num_stages": 1}
+LAST_CONFIG = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 3, "DAPE_ATOMIC": 1, "DAPE_LAST": 1, "SAVED_STATS": 0,
+               "BLOCK_P": 1, "num_warps": 1, "num_stages": 1}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_last_program_publishes_dape_and_leaves_the_scratch_zero(dtype):
+    """DAPE_LAST: dape in ape's dtype from a scratch no launch zeroes; a second call on the same slot
+    (every slot taken in turn) must match the first, so each launch leaves its scratch zero."""
+    kv, score, ape, grad = _inputs(2, 38, 4, 40, torch.bfloat16, seed=5)
+    ape = ape.to(dtype)
+    ref = compressor._backward(kv, score, ape, grad, BWD_CONFIGS[0])[2]
+    first = compressor._backward(kv, score, ape, grad, LAST_CONFIG)[2]
+    assert first.dtype == dtype
+    torch.testing.assert_close(first.float(), ref.float(), **TOLERANCES[dtype])
+    for _ in range(zero_at_rest.SLOTS):
+        again = compressor._backward(kv, score, ape, grad, LAST_CONFIG)[2]
+        torch.testing.assert_close(again, first, **TOLERANCES[dtype])
+    for acc, arrivals in zero_at_rest._slots[kv.device]:
+        assert not acc.any() and not arrivals.any()
+
+
+def test_an_interrupted_launch_zeroes_its_scratch_again(monkeypatch):
+    """A launch that raises may have left its slot half-written: the slot is zeroed again."""
+    kv, score, ape, grad = _inputs(1, 16, 4, 16, torch.float32, seed=6)
+    taken = []
+    real_take = zero_at_rest.take
+    monkeypatch.setattr(zero_at_rest, "take", lambda *a: taken.append(real_take(*a)) or taken[-1])
+
+    def interrupted(*args, **kwargs):
+        taken[0][1][:3] = 1.0  # what an interrupted kernel may leave
+        taken[0][2][0] = 1
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compressor, "launch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        compressor._backward(kv, score, ape, grad, LAST_CONFIG)
+    slot, acc, arrivals = taken[0]
+    assert slot >= 0 and not acc.any() and not arrivals.any()
+
+
+def test_requests_beyond_the_slots_get_their_own_zeroed_scratch():
+    device = torch.device(DEVICE)
+    zero_at_rest.take(device, 1, 1)  # the slots exist
+    slot, acc, arrivals = zero_at_rest.take(device, zero_at_rest.SLOT_FLOATS + 1, 4)
+    assert slot == -1 and acc.numel() == zero_at_rest.SLOT_FLOATS + 1 and not acc.any() and not arrivals.any()
+    assert all(a.numel() == zero_at_rest.SLOT_FLOATS for a, _ in zero_at_rest._slots[device])
+
+
+STATS_CONFIG = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 4, "DAPE_ATOMIC": 0, "DAPE_LAST": 0, "SAVED_STATS": 1,
+                "BLOCK_P": 16, "num_warps": 2, "num_stages": 1}
 
 
 @pytest.mark.parametrize(("batch", "seq", "dim", "dtype"), [
@@ -138,14 +186,16 @@ BWD_CONFIGS = [
     # Ragged slabs of entries, with both dape modes.
     {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 3, "DAPE_ATOMIC": 0, "num_warps": 4, "num_stages": 2},
     {"BLOCK_G": 4, "BLOCK_D": 32, "SLABS": 32, "DAPE_ATOMIC": 1, "num_warps": 4, "num_stages": 1},
+    # The last program of each channel block publishes dape: ragged slabs and channel blocks.
+    {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 3, "DAPE_ATOMIC": 1, "DAPE_LAST": 1, "num_warps": 1, "num_stages": 2},
 ]
-BWD_CONFIGS = [{**c, "SAVED_STATS": 0, "BLOCK_P": 1} for c in BWD_CONFIGS] + [
+BWD_CONFIGS = [{"DAPE_LAST": 0, **c, "SAVED_STATS": 0, "BLOCK_P": 1} for c in BWD_CONFIGS] + [
     # From the saved statistics (HCA): 8 positions of 16 channels over entries 2 at a time (the
     # tail's virtual entry and both batch elements), and 32 positions of 32 channels, 4 at a time.
-    {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 4, "DAPE_ATOMIC": 0, "SAVED_STATS": 1, "BLOCK_P": 8, "num_warps": 2,
-     "num_stages": 1},
-    {"BLOCK_G": 4, "BLOCK_D": 32, "SLABS": 4, "DAPE_ATOMIC": 0, "SAVED_STATS": 1, "BLOCK_P": 32, "num_warps": 4,
-     "num_stages": 2},
+    {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 4, "DAPE_ATOMIC": 0, "DAPE_LAST": 0, "SAVED_STATS": 1, "BLOCK_P": 8,
+     "num_warps": 2, "num_stages": 1},
+    {"BLOCK_G": 4, "BLOCK_D": 32, "SLABS": 4, "DAPE_ATOMIC": 0, "DAPE_LAST": 0, "SAVED_STATS": 1, "BLOCK_P": 32,
+     "num_warps": 4, "num_stages": 2},
 ]
 
 
@@ -176,8 +226,8 @@ def test_a_register_cap_holds_the_backward_to_it_on_sm_90():
     under a 128-register cap (bench/results/2026-12-01-cpu-offline-resources/spaces)."""
     space = load_space("compressor_bwd")
     shape = next(s for s in registry.get("compressor_bwd").presets["v4-flash"] if s["ratio"] == 128)
-    config = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 32, "DAPE_ATOMIC": 0, "SAVED_STATS": 0, "BLOCK_P": 1, "num_warps": 4,
-              "num_stages": 1}
+    config = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 32, "DAPE_ATOMIC": 0, "DAPE_LAST": 0, "SAVED_STATS": 0,
+              "BLOCK_P": 1, "num_warps": 4, "num_stages": 1}
     assert space.violation({**config, "maxnreg": None}, shape, "sm_90") is None
     assert "maxnreg" in space.violation({**config, "maxnreg": 128}, shape, "sm_90")
 
