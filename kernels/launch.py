@@ -4,16 +4,36 @@ A config mixes kernel constexprs (upper-case, e.g. ``BLOCK_M``; each kernel pass
 own) with launch options and per-backend compiler knobs. Triton rejects knobs of another
 backend, and the sweep stores unset knobs as None, so only the running backend's set
 knobs are passed on.
+
+Launching through Triton's ``JITFunction.run`` costs the host 13-29 us a launch on the H200's
+host (2026-12-03f): it binds and specializes every argument, builds a string cache key and the
+launch metadata, then calls the compiled launcher. Most of the kernels' launches move a few MB,
+a few microseconds of device time, so an eager step calling them back to back waits on the host.
+``launch`` therefore keeps each compiled kernel under a key of its own: the kernel, the device,
+the constexprs and options, and per argument what Triton specializes on (a tensor's dtype and
+16-byte alignment; an integer's being 1, a multiple of 16, and its width). A key it has seen
+calls the compiled launcher directly; the first launch of a key, and any launch it cannot key
+(another argument type, Triton's launch hooks set, a kernel whose constexprs do not follow its
+other arguments), goes through ``JITFunction.run``. ``TUNER_LAUNCH_CACHE=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import torch
+from triton import knobs
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
 
 from kernels.arch import INTERPRETER_ARCH, current_arch
+
+# Read at each launch, so that a benchmark can time both paths in one process.
+CACHE_COMPILED = os.environ.get("TUNER_LAUNCH_CACHE", "1") != "0"
+_UNKEYABLE = object()
+_compiled: dict[tuple, Any] = {}
 
 _COMMON_OPTIONS = ("num_warps", "num_stages")
 _BACKEND_KNOBS = {
@@ -77,4 +97,69 @@ def launch(
         if current_arch() != INTERPRETER_ARCH:
             kernel.warmup(*args, grid=grid, **options)
     elif all(grid):
-        kernel.run(*args, grid=grid, warmup=False, **options)  # kernel[grid](...) without its proxy lambda
+        key = _launch_key(kernel, args, options) if CACHE_COMPILED else None
+        cached = _compiled.get(key) if key is not None else None
+        if cached is None:
+            compiled = kernel.run(*args, grid=grid, warmup=False, **options)  # kernel[grid](...) without its proxy
+            names = _trailing_constexprs(kernel, len(args)) if key is not None else None
+            if compiled is not None and names is not None and all(name in constexprs for name in names):
+                _compiled[key] = compiled.result() if hasattr(compiled, "result") else compiled, names
+        else:
+            _launch_compiled(*cached, grid, args, constexprs)
+
+
+def _arg_key(arg: Any) -> Any:
+    """What Triton 3.6 specializes an argument on (``native_specialize_impl``), or ``_UNKEYABLE``."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    if isinstance(arg, bool):
+        return bool, arg
+    if isinstance(arg, int):
+        return int, arg == 1, arg % 16 == 0, -2**31 <= arg < 2**31, arg >= 2**63
+    if isinstance(arg, float):
+        return float
+    if arg is None:
+        return None
+    return _UNKEYABLE
+
+
+def _hook_idle(hook: Any) -> bool:
+    """No launch hook set: None, or (Triton 3.6) an empty ``HookChain``."""
+    return hook is None or getattr(hook, "calls", None) == []
+
+
+def _launch_key(kernel: Any, args: tuple[Any, ...], options: dict[str, Any]) -> tuple | None:
+    """The compiled-kernel key of a launch, or None where only ``JITFunction.run`` may launch it."""
+    if (type(kernel) is not JITFunction or kernel.pre_run_hooks or current_arch() == INTERPRETER_ARCH
+            or not (_hook_idle(knobs.runtime.launch_enter_hook) and _hook_idle(knobs.runtime.launch_exit_hook))
+            or _trailing_constexprs(kernel, len(args)) is None):
+        return None
+    arg_keys = tuple(_arg_key(arg) for arg in args)
+    if _UNKEYABLE in arg_keys:
+        return None
+    key = kernel, driver.active.get_current_device(), tuple(options.items()), arg_keys
+    try:
+        hash(key)
+    except TypeError:  # an unhashable constexpr
+        return None
+    return key
+
+
+@functools.lru_cache(maxsize=None)
+def _trailing_constexprs(kernel: Any, n_args: int) -> tuple[str, ...] | None:
+    """The names of the kernel's parameters after its first ``n_args``, if those are its runtime ones
+    and the rest constexprs (the order in which its compiled launcher takes them); else None."""
+    params = kernel.params
+    if any(param.is_constexpr != (i >= n_args) for i, param in enumerate(params)):
+        return None
+    return tuple(param.name for param in params[n_args:])
+
+
+def _launch_compiled(compiled: Any, names: tuple[str, ...], grid: tuple[int, ...], args: tuple[Any, ...],
+                     constexprs: dict[str, Any]) -> None:
+    """Call a compiled kernel's launcher as ``JITFunction.run`` does, on the current stream, without
+    launch hooks (``_launch_key`` keys no launch while any is set)."""
+    stream = driver.active.get_current_stream(driver.active.get_current_device())
+    launcher = compiled.run  # loads the module on first use, and sets ``function``
+    launcher(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream, compiled.function,
+             compiled.packed_metadata, None, None, None, *args, *[constexprs[name] for name in names])

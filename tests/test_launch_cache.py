@@ -1,0 +1,121 @@
+"""kernels.launch's compiled-kernel cache: what it keys a launch on, and that a cached launch calls the
+compiled launcher with the arguments ``JITFunction.run`` would. The launcher itself runs only on a GPU
+(the H200 parity runs go through it); here Triton's side is stood in for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+from kernels import launch as launch_module
+
+
+def _kernel_body(x_ptr, n, scale, BLOCK: tl.constexpr, FLAG: tl.constexpr):
+    pass
+
+
+def _interleaved_body(x_ptr, BLOCK: tl.constexpr, n):
+    pass
+
+
+class _Compiled:
+    """A stand-in for Triton's CompiledKernel: records what its launcher is called with."""
+
+    def __init__(self):
+        self.calls = []
+        self.function, self.packed_metadata = "function", "metadata"
+
+    @property
+    def run(self):
+        return lambda *launch_args: self.calls.append(launch_args)
+
+
+@pytest.fixture
+def gpu_like(monkeypatch):
+    """A real JITFunction whose ``run`` (compile and launch) is recorded, on a pretend sm_90."""
+    kernel = JITFunction(_kernel_body)
+    compiled, runs = _Compiled(), []
+    kernel.run = lambda *args, grid, warmup, **options: runs.append((args, grid, options)) or compiled
+    monkeypatch.setattr(launch_module, "current_arch", lambda: "sm_90")
+    monkeypatch.setattr(launch_module, "driver", type("Driver", (), {"active": _ActiveDriver()}))
+    monkeypatch.setattr(launch_module, "_compiled", {})
+    return kernel, compiled, runs
+
+
+class _ActiveDriver:
+    @staticmethod
+    def get_current_device():
+        return 0
+
+    @staticmethod
+    def get_current_stream(device):
+        return 1234
+
+
+def _launch(kernel, x, n, flag=True):
+    launch_module.launch(kernel, (3, 2), (x, n, 0.5), {"BLOCK": 64, "FLAG": flag}, {"num_warps": 4, "num_stages": 2})
+
+
+def test_a_seen_launch_calls_the_compiled_launcher_with_every_parameter(gpu_like):
+    kernel, compiled, runs = gpu_like
+    x = torch.zeros(64)
+    _launch(kernel, x, 32)
+    assert len(runs) == 1 and not compiled.calls
+    _launch(kernel, x, 48)  # the same specialization: 48 is a multiple of 16 too
+    assert len(runs) == 1
+    (call,) = compiled.calls
+    assert call[:9] == (3, 2, 1, 1234, "function", "metadata", None, None, None)
+    assert call[9:] == (x, 48, 0.5, 64, True)
+
+
+@pytest.mark.parametrize("change", ["dtype", "misaligned", "int_one", "int_not_16", "constexpr", "option"])
+def test_what_triton_specializes_on_misses_the_cache(gpu_like, change):
+    kernel, compiled, runs = gpu_like
+    x = torch.zeros(64)
+    _launch(kernel, x, 32)
+    if change == "dtype":
+        _launch(kernel, x.double(), 32)
+    elif change == "misaligned":
+        _launch(kernel, x[1:], 32)
+    elif change == "int_one":
+        _launch(kernel, x, 1)
+    elif change == "int_not_16":
+        _launch(kernel, x, 33)
+    elif change == "constexpr":
+        _launch(kernel, x, 32, flag=False)
+    else:
+        launch_module.launch(kernel, (3, 2), (x, 32, 0.5), {"BLOCK": 64, "FLAG": True}, {"num_warps": 8})
+    assert len(runs) == 2 and not compiled.calls
+
+
+def test_launches_it_cannot_key_go_through_triton(gpu_like, monkeypatch):
+    kernel, compiled, runs = gpu_like
+    x = torch.zeros(64)
+    launch_module.launch(kernel, (1,), (x, object(), 0.5), {"BLOCK": 64, "FLAG": True}, {})  # an unkeyable argument
+    launch_module.launch(kernel, (1,), (x, object(), 0.5), {"BLOCK": 64, "FLAG": True}, {})
+    monkeypatch.setattr(launch_module, "CACHE_COMPILED", False)
+    _launch(kernel, x, 32)
+    _launch(kernel, x, 32)
+    assert len(runs) == 4 and not compiled.calls
+
+
+def test_a_set_launch_hook_turns_the_cache_off(gpu_like, monkeypatch):
+    kernel, compiled, runs = gpu_like
+    monkeypatch.setattr(launch_module, "_hook_idle", lambda hook: False)
+    x = torch.zeros(64)
+    _launch(kernel, x, 32)
+    _launch(kernel, x, 32)
+    assert len(runs) == 2 and not compiled.calls
+
+
+def test_only_kernels_whose_constexprs_come_last_are_cached():
+    assert launch_module._trailing_constexprs(JITFunction(_kernel_body), 3) == ("BLOCK", "FLAG")
+    assert launch_module._trailing_constexprs(JITFunction(_kernel_body), 2) is None
+    assert launch_module._trailing_constexprs(JITFunction(_interleaved_body), 2) is None
+
+
+def test_the_interpreter_is_never_cached():
+    kernel = JITFunction(_kernel_body)
+    assert launch_module._launch_key(kernel, (torch.zeros(4), 3, 0.5), {"BLOCK": 4}) is None
