@@ -8,9 +8,9 @@ presets also the table's tuned one), on fresh seeded inputs:
    then again on fresh inputs of the same seed, which must go through the cached launcher (counted:
    a launch whose every kernel launch was cached); its outputs against the eager reference, within
    the launch's registered tolerance;
-2. host µs a call (V4 presets only, at their 4,096-token shapes): back-to-back calls that do not wait for the GPU, the least of
-   ROUNDS rounds of CALLS, with the cache off and on in alternate rounds, beside an empty Triton
-   launch each way.
+2. host µs a call (V4 presets only, at their 4,096-token shapes): back-to-back calls that do not
+   wait for the GPU, the least of ROUNDS rounds of CALLS, with the cache off and on in alternate
+   rounds, beside an empty Triton launch each way.
 
 Usage: python bench/launch_cache_check.py TABLE OUT_JSON [PRESET,PRESET,...] [KERNEL,KERNEL,...]
 (defaults: small,v4-flash over every registered launch);
@@ -103,7 +103,8 @@ def summary(reports: list[dict[str, Any]]) -> str:
              f"launches with no cached kernel launch: {len(uncached)}" + "".join(f"\n- {line}" for line in uncached),
              "empty Triton launch, host µs a call off / on: "
              + "; ".join(f"{r['empty_launch_host_us']['off']} / {r['empty_launch_host_us']['on']}" for r in reports),
-             "", "| launch | shape | config | Triton launches | host µs off | on | on / off |", "|---|---|---|---|---|---|---|"]
+             "", "| launch | shape | config | Triton launches | host µs off | on | on / off |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "host_us" in r:
             off, on = r["host_us"]["off"], r["host_us"]["on"]

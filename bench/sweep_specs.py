@@ -413,8 +413,10 @@ def compressor_specs() -> list[tuple[str, dict]]:
             ("compressor_bwd-tpe", tpe_spec("compressor_bwd", shapes, COMPRESSOR_BWD_TRIALS))]
 
 
-# The backward's grids run before DAPE_LAST existed zeroed dape by a fill launch (with atomics).
-BEFORE_DAPE_LAST = {"DAPE_LAST": [0]}
+# The backward's grids run before CHANNELS_FIRST existed launched slabs first.
+BEFORE_CHANNELS_FIRST = {"CHANNELS_FIRST": [0]}
+# Those run before DAPE_LAST existed zeroed dape by a fill launch (with atomics).
+BEFORE_DAPE_LAST = {"DAPE_LAST": [0]} | BEFORE_CHANNELS_FIRST
 # Those run before SAVED_STATS existed recomputed the window softmax.
 BEFORE_SAVED_STATS = {"SAVED_STATS": [0], "BLOCK_P": [1]} | BEFORE_DAPE_LAST
 
@@ -501,6 +503,18 @@ COMPRESSOR_BWD_DAPE_LAST_SPACE = COMPRESSOR_BWD_RELAXED_SPACE | {"DAPE_LAST": [0
 
 def compressor_bwd_dape_last_specs() -> list[tuple[str, dict]]:
     return compressor_bwd_ratio_4_beside_committed("dape-last", COMPRESSOR_BWD_DAPE_LAST_SPACE)
+
+
+# The ratio-4 backward with its grid launched channel blocks first (CHANNELS_FIRST 1: the programs
+# that launch together read neighbouring 32-byte sectors of the same rows; slabs first, they read
+# the same 16 or 32 channels of rows far apart), at 16 and 32 channels a program, beside each
+# ratio-4 shape's committed entry.
+COMPRESSOR_BWD_CHANNELS_FIRST_SPACE = COMPRESSOR_BWD_RELAXED_SPACE | {
+    "CHANNELS_FIRST": [0, 1], "BLOCK_D": [16, 32], "maxnreg": [None]}
+
+
+def compressor_bwd_channels_first_specs() -> list[tuple[str, dict]]:
+    return compressor_bwd_ratio_4_beside_committed("channels-first", COMPRESSOR_BWD_CHANNELS_FIRST_SPACE)
 
 
 # The indexer's whole space (77,130 valid configs at the Flash 4,096 shape), by TPE from valid
@@ -701,6 +715,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "compressor-bwd-saved-stats-wide": lambda: compressor_bwd_saved_stats_specs(COMPRESSOR_BWD_SAVED_STATS_WIDE_SPACE),
     "compressor-bwd-relaxed": compressor_bwd_relaxed_specs,
     "compressor-bwd-dape-last": compressor_bwd_dape_last_specs,
+    "compressor-bwd-channels-first": compressor_bwd_channels_first_specs,
     "indexer-one-head-block": lambda: indexer_scoring_grid_specs("one-head-block", INDEXER_ONE_HEAD_BLOCK_SPACE, topk=512),
     "indexer-tma": lambda: indexer_scoring_grid_specs("tma", INDEXER_TMA_SPACE),
     "indexer-tma-head-blocks": lambda: indexer_scoring_grid_specs("tma-head-blocks", INDEXER_TMA_HEAD_BLOCKS_SPACE),

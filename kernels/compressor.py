@@ -144,14 +144,19 @@ def _compressor_bwd_kernel(
     kv_ptr, score_ptr, ape_ptr, dc_ptr, dkv_ptr, dscore_ptr, dape_ptr, acc_ptr, arrivals_ptr,
     n_rows, entries, seq, dim, rows_per_slab,
     RATIO: tl.constexpr, COFF: tl.constexpr, WINDOW: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-    DAPE_ATOMIC: tl.constexpr, DAPE_LAST: tl.constexpr,
+    DAPE_ATOMIC: tl.constexpr, DAPE_LAST: tl.constexpr, CHANNELS_FIRST: tl.constexpr,
 ):
     """dkv and dscore of a slab of entries over BLOCK_D channels, and the slab's dape share: stored as
     its own partial, added by atomics into a zeroed dape, or (DAPE_LAST) added into a zero-at-rest
     accumulator (``kernels.zero_at_rest``) that the channel block's last program to arrive, counted
-    in ``arrivals_ptr``, copies into dape in ape's dtype and zeroes again: no fill launch before."""
-    slab = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    in ``arrivals_ptr``, copies into dape in ape's dtype and zeroes again: no fill launch before.
+    The grid is (slab, channel block), or with CHANNELS_FIRST (channel block, slab): then the
+    programs that launch together read the same rows' neighbouring channels, whose 32-byte sectors
+    share DRAM bursts, rather than the same channels of far-apart rows."""
+    slab_axis: tl.constexpr = 1 if CHANNELS_FIRST else 0
+    slab = tl.program_id(slab_axis)
+    channel_block = tl.program_id(1 - slab_axis)
+    cols = channel_block * BLOCK_D + tl.arange(0, BLOCK_D)
     pos = tl.arange(0, WINDOW)
     groups = seq // RATIO
     ape_offsets, ape_mask = _ape_tile(pos, cols, dim, RATIO, COFF)
@@ -178,13 +183,13 @@ def _compressor_bwd_kernel(
         # Every thread's adds before the release; the last arrival reads the others' after its
         # acquire (the split-K semaphore pattern, as the mHC glue's FUSED_GATES).
         tl.debug_barrier()
-        arrived = tl.atomic_add(arrivals_ptr + tl.program_id(1), 1, sem="acq_rel", scope="gpu")
+        arrived = tl.atomic_add(arrivals_ptr + channel_block, 1, sem="acq_rel", scope="gpu")
         tl.debug_barrier()
-        if arrived == tl.num_programs(0) - 1:
+        if arrived == tl.num_programs(slab_axis) - 1:
             total = tl.load(acc_ptr + ape_offsets, mask=ape_mask, other=0.0, cache_modifier=".cg")
             tl.store(dape_ptr + ape_offsets, total.to(dape_ptr.dtype.element_ty), mask=ape_mask)
             tl.store(acc_ptr + ape_offsets, tl.zeros_like(total), mask=ape_mask)
-            tl.store(arrivals_ptr + tl.program_id(1), 0)
+            tl.store(arrivals_ptr + channel_block, 0)
     elif DAPE_ATOMIC:
         # relaxed: the sums need no ordering against other memory; the default acq_rel fenced
         # every add (membar stalls under Nsight Compute, 2026-12-02e)
@@ -297,13 +302,15 @@ def _backward(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, grad_out
         dape = torch.zeros(ratio, width, dtype=torch.float32, device=kv.device)
     else:
         dape = torch.empty(slabs, ratio, width, dtype=torch.float32, device=kv.device)
+    channels_first = bool(config.get("CHANNELS_FIRST", 0))  # configs tuned before CHANNELS_FIRST lack it
     try:
         launch(
             _compressor_bwd_kernel,
-            (slabs, channel_blocks),
+            (channel_blocks, slabs) if channels_first else (slabs, channel_blocks),
             (kv, score, ape, grad_out, dkv, dscore, dape, *((acc, arrivals) if dape_last else (dape, dape)),
              n_rows, entries, seq, dim, rows_per_slab),  # dape twice: unread without DAPE_LAST
-            {**_constexprs(ratio, config), "DAPE_ATOMIC": bool(config["DAPE_ATOMIC"]), "DAPE_LAST": dape_last},
+            {**_constexprs(ratio, config), "DAPE_ATOMIC": bool(config["DAPE_ATOMIC"]), "DAPE_LAST": dape_last,
+             "CHANNELS_FIRST": channels_first},
             config,
             compile_only,
         )
@@ -467,8 +474,8 @@ def _default_bwd_config(shape: Shape) -> Config:
     slabs = max(s for s in (32, 64, 128) if s <= max(32, entry_blocks))
     partial_bytes = 2 * min(slabs, entry_blocks) * ratio * window_factor(ratio) * dim * _FP32_BYTES
     return {"BLOCK_G": block_g, "BLOCK_D": block_d, "SLABS": slabs, "SAVED_STATS": 0, "BLOCK_P": 1,
-            "DAPE_ATOMIC": int(8 * partial_bytes > _bytes_bwd(shape)), "DAPE_LAST": 0, "num_warps": 8,
-            "num_stages": 1}
+            "DAPE_ATOMIC": int(8 * partial_bytes > _bytes_bwd(shape)), "DAPE_LAST": 0, "CHANNELS_FIRST": 0,
+            "num_warps": 8, "num_stages": 1}
 
 
 def _sizes(shape: Shape) -> tuple[int, int, int, int]:

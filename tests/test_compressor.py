@@ -89,8 +89,8 @@ def test_every_gradient_element_is_written(monkeypatch):
                 assert (g[:, closed - ratio:closed, 16:] != 0).all()
 
 
-LAST_CONFIG = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 3, "DAPE_ATOMIC": 1, "DAPE_LAST": 1, "SAVED_STATS": 0,
-               "BLOCK_P": 1, "num_warps": 1, "num_stages": 1}
+LAST_CONFIG = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 3, "DAPE_ATOMIC": 1, "DAPE_LAST": 1, "CHANNELS_FIRST": 0,
+               "SAVED_STATS": 0, "BLOCK_P": 1, "num_warps": 1, "num_stages": 1}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -137,8 +137,8 @@ def test_requests_beyond_the_slots_get_their_own_zeroed_scratch():
     assert all(a.numel() == zero_at_rest.SLOT_FLOATS for a, _ in zero_at_rest._slots[device])
 
 
-STATS_CONFIG = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 4, "DAPE_ATOMIC": 0, "DAPE_LAST": 0, "SAVED_STATS": 1,
-                "BLOCK_P": 16, "num_warps": 2, "num_stages": 1}
+STATS_CONFIG = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 4, "DAPE_ATOMIC": 0, "DAPE_LAST": 0, "CHANNELS_FIRST": 0,
+                "SAVED_STATS": 1, "BLOCK_P": 16, "num_warps": 2, "num_stages": 1}
 
 
 @pytest.mark.parametrize(("batch", "seq", "dim", "dtype"), [
@@ -188,14 +188,19 @@ BWD_CONFIGS = [
     {"BLOCK_G": 4, "BLOCK_D": 32, "SLABS": 32, "DAPE_ATOMIC": 1, "num_warps": 4, "num_stages": 1},
     # The last program of each channel block publishes dape: ragged slabs and channel blocks.
     {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 3, "DAPE_ATOMIC": 1, "DAPE_LAST": 1, "num_warps": 1, "num_stages": 2},
+    # Channel blocks first, with each dape mode.
+    {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 3, "DAPE_ATOMIC": 0, "CHANNELS_FIRST": 1, "num_warps": 1, "num_stages": 1},
+    {"BLOCK_G": 4, "BLOCK_D": 16, "SLABS": 5, "DAPE_ATOMIC": 1, "CHANNELS_FIRST": 1, "num_warps": 1, "num_stages": 2},
+    {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 3, "DAPE_ATOMIC": 1, "DAPE_LAST": 1, "CHANNELS_FIRST": 1, "num_warps": 1,
+     "num_stages": 1},
 ]
-BWD_CONFIGS = [{"DAPE_LAST": 0, **c, "SAVED_STATS": 0, "BLOCK_P": 1} for c in BWD_CONFIGS] + [
+BWD_CONFIGS = [{"DAPE_LAST": 0, "CHANNELS_FIRST": 0, **c, "SAVED_STATS": 0, "BLOCK_P": 1} for c in BWD_CONFIGS] + [
     # From the saved statistics (HCA): 8 positions of 16 channels over entries 2 at a time (the
     # tail's virtual entry and both batch elements), and 32 positions of 32 channels, 4 at a time.
-    {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 4, "DAPE_ATOMIC": 0, "DAPE_LAST": 0, "SAVED_STATS": 1, "BLOCK_P": 8,
-     "num_warps": 2, "num_stages": 1},
-    {"BLOCK_G": 4, "BLOCK_D": 32, "SLABS": 4, "DAPE_ATOMIC": 0, "DAPE_LAST": 0, "SAVED_STATS": 1, "BLOCK_P": 32,
-     "num_warps": 4, "num_stages": 2},
+    {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 4, "DAPE_ATOMIC": 0, "DAPE_LAST": 0, "CHANNELS_FIRST": 0, "SAVED_STATS": 1,
+     "BLOCK_P": 8, "num_warps": 2, "num_stages": 1},
+    {"BLOCK_G": 4, "BLOCK_D": 32, "SLABS": 4, "DAPE_ATOMIC": 0, "DAPE_LAST": 0, "CHANNELS_FIRST": 0, "SAVED_STATS": 1,
+     "BLOCK_P": 32, "num_warps": 4, "num_stages": 2},
 ]
 
 
@@ -226,8 +231,8 @@ def test_a_register_cap_holds_the_backward_to_it_on_sm_90():
     under a 128-register cap (bench/results/2026-12-01-cpu-offline-resources/spaces)."""
     space = load_space("compressor_bwd")
     shape = next(s for s in registry.get("compressor_bwd").presets["v4-flash"] if s["ratio"] == 128)
-    config = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 32, "DAPE_ATOMIC": 0, "DAPE_LAST": 0, "SAVED_STATS": 0,
-              "BLOCK_P": 1, "num_warps": 4, "num_stages": 1}
+    config = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 32, "DAPE_ATOMIC": 0, "DAPE_LAST": 0, "CHANNELS_FIRST": 0,
+              "SAVED_STATS": 0, "BLOCK_P": 1, "num_warps": 4, "num_stages": 1}
     assert space.violation({**config, "maxnreg": None}, shape, "sm_90") is None
     assert "maxnreg" in space.violation({**config, "maxnreg": 128}, shape, "sm_90")
 

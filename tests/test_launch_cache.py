@@ -116,6 +116,7 @@ def test_only_kernels_whose_constexprs_come_last_are_cached():
     assert launch_module._trailing_constexprs(JITFunction(_interleaved_body), 2) is None
 
 
-def test_the_interpreter_is_never_cached():
+def test_the_interpreter_is_never_cached(monkeypatch):
+    monkeypatch.setattr(launch_module, "current_arch", lambda: launch_module.INTERPRETER_ARCH)
     kernel = JITFunction(_kernel_body)
     assert launch_module._launch_key(kernel, (torch.zeros(4), 3, 0.5), {"BLOCK": 4}) is None
