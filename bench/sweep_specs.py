@@ -517,6 +517,17 @@ def compressor_bwd_channels_first_specs() -> list[tuple[str, dict]]:
     return compressor_bwd_ratio_4_beside_committed("channels-first", COMPRESSOR_BWD_CHANNELS_FIRST_SPACE)
 
 
+# The indexer's own compressor backward (CSA, d 128), the compressor's one miss (2.03-2.17x a
+# same-size copy, 2026-12-04): TPE over its whole space, CHANNELS_FIRST and DAPE_LAST included,
+# beyond the 1-warp neighbourhoods gridded so far.
+COMPRESSOR_BWD_CSA_128_TRIALS = 150
+
+
+def compressor_bwd_csa_128_tpe_specs() -> list[tuple[str, dict]]:
+    shapes = [s for s in shapes_of("compressor_bwd", presets=("v4-flash",)) if s["ratio"] == 4 and s["dim"] == 128]
+    return [("compressor_bwd-csa-128-tpe", tpe_spec("compressor_bwd", shapes, COMPRESSOR_BWD_CSA_128_TRIALS))]
+
+
 # The indexer's whole space (77,130 valid configs at the Flash 4,096 shape), by TPE from valid
 # configs only, at its four shapes: the earlier sweeps gridded slices of it.
 INDEXER_TPE_TRIALS = 200
@@ -716,6 +727,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "compressor-bwd-relaxed": compressor_bwd_relaxed_specs,
     "compressor-bwd-dape-last": compressor_bwd_dape_last_specs,
     "compressor-bwd-channels-first": compressor_bwd_channels_first_specs,
+    "compressor-bwd-csa-128-tpe": compressor_bwd_csa_128_tpe_specs,
     "indexer-one-head-block": lambda: indexer_scoring_grid_specs("one-head-block", INDEXER_ONE_HEAD_BLOCK_SPACE, topk=512),
     "indexer-tma": lambda: indexer_scoring_grid_specs("tma", INDEXER_TMA_SPACE),
     "indexer-tma-head-blocks": lambda: indexer_scoring_grid_specs("tma-head-blocks", INDEXER_TMA_HEAD_BLOCKS_SPACE),
