@@ -18,19 +18,22 @@ def _as_tuple(outputs: Any) -> tuple[torch.Tensor, ...]:
     return outputs if isinstance(outputs, tuple) else (outputs,)
 
 
-def assert_config_matches_reference(kernel: TunableKernel, config: dict[str, Any], seed: int) -> None:
-    """``config`` computes the reference on every small preset its space allows on this arch.
+def assert_config_matches_reference(kernel: TunableKernel, config: dict[str, Any], seed: int,
+                                    shapes: list[dict[str, int]] | None = None) -> None:
+    """``config`` computes the reference at every one of ``shapes`` (default: the small presets)
+    that its space allows on this arch.
 
     The interpreter allows every config; on a GPU a config the space prunes (e.g. more
     shared memory than the chip has) is skipped, as a sweep would skip it. A config the space
-    allows at no small preset, here or on the interpreter, would test nothing, so it fails.
+    allows at none of the shapes, here or on the interpreter, would test nothing, so it fails.
     """
     space = load_space(kernel.name)
-    allowed = [s for s in kernel.presets["small"] for arch in {current_arch(), INTERPRETER_ARCH}
+    shapes = kernel.presets["small"] if shapes is None else shapes
+    allowed = [s for s in shapes for arch in {current_arch(), INTERPRETER_ARCH}
                if space.violation(config, s, arch) is None]
-    assert allowed, (f"{kernel.name}: the space allows {config} at no small preset "
-                     f"({space.violation(config, kernel.presets['small'][0], current_arch())}): it would test nothing")
-    for shape in kernel.presets["small"]:
+    assert allowed, (f"{kernel.name}: the space allows {config} at none of {shapes} "
+                     f"({space.violation(config, shapes[0], current_arch())}): it would test nothing")
+    for shape in shapes:
         if space.violation(config, shape, current_arch()):
             continue
         inputs = kernel.make_inputs(shape, DEVICE, seed=seed)

@@ -304,8 +304,12 @@ def test_gluon_scores_match_eager(batch, seq, heads):
                     reason="the Gluon scoring is sm_90's (Gluon has no interpreter mode)")
 @pytest.mark.parametrize("tiling", GLUON_TILINGS, ids=lambda t: f"{t['BLOCK_T']}x{t['num_stages']}")
 def test_gluon_config_matches_reference_exactly(tiling):
-    """Indices and scores of the registered launch (integer inputs: exact, tie rule included)."""
-    assert_config_matches_reference(registry.get("indexer_fwd"), {**GLUON_CONFIG, **tiling}, seed=3)
+    """Indices and scores of the registered launch (integer inputs: exact, tie rule included), at
+    sequences long enough for the Gluon key tiles of 128 and 256 entries (the small presets have at
+    most 17 entries): 275 entries in two batch elements (a ragged last tile), and 150 (128-entry
+    tiles only: the space prunes one 256-entry tile)."""
+    shapes = [{"batch": 2, "seq": 1100, "topk": 64}, {"batch": 1, "seq": 603, "topk": 100}]
+    assert_config_matches_reference(registry.get("indexer_fwd"), {**GLUON_CONFIG, **tiling}, seed=3, shapes=shapes)
 
 
 def test_gluon_scoring_says_where_it_cannot_run():
