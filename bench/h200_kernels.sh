@@ -29,7 +29,7 @@ attention=sparse_attn_fwd,sparse_attn_bwd,compressor_fwd,compressor_bwd,indexer_
 memory_bound=mhc_glue_fwd,mhc_glue_bwd,mhc_collapse_fwd,mhc_collapse_bwd,mhc_expand_fwd,mhc_expand_bwd,rope_fwd,rope_bwd,router_fwd,router_bwd,router_hash_fwd
 for phase in "$@"; do case "$phase" in
 parity)
-  step "parity tests of the block kernels on the GPU"
+  step "parity tests on the GPU: ${TESTS:-the block kernels}"
   timeout -k 15 -s INT "${PARITY_SECONDS:-900}" python -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_mhc.py tests/test_rope.py tests/test_router.py \
     tests/test_grouped_gemm.py} 2>&1 | tee "$out/parity.log" | tail -8 | tee -a "$out/log.txt"
   ;;
