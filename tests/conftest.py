@@ -69,3 +69,15 @@ def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def fresh_lookup():
+    """``kernels.tuning``'s per-(kernel, shape) cache emptied before and after the test, so that an
+    environment override or table set in it is read and does not outlive it."""
+    from kernels import tuning  # after the set-up above: importing kernels imports triton
+
+    tuning.clear_cache()
+    yield
+    tuning.clear_cache()
+

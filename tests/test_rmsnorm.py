@@ -78,13 +78,6 @@ def test_tuned_configs_match_reference(name, config):
     assert_config_matches_reference(registry.get(name), config, seed=3)
 
 
-@pytest.fixture
-def fresh_lookup():
-    tuning.clear_cache()
-    yield
-    tuning.clear_cache()
-
-
 def test_env_override_reaches_the_launch(monkeypatch, fresh_lookup):
     monkeypatch.setenv("TUNER_CONFIG_RMSNORM_FWD", '{"BLOCK_M": 2}')
     monkeypatch.setenv("TUNER_CONFIG_RMSNORM_BWD", '{"BLOCK_M": 4, "PROGRAMS": 2}')

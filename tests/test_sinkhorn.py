@@ -65,13 +65,6 @@ def test_tuned_configs_match_reference(name, config):
     assert_config_matches_reference(registry.get(name), config, seed=4)
 
 
-@pytest.fixture
-def fresh_lookup():
-    tuning.clear_cache()
-    yield
-    tuning.clear_cache()
-
-
 def test_env_override_reaches_the_launch(monkeypatch, fresh_lookup):
     monkeypatch.setenv("TUNER_CONFIG_SINKHORN_FWD", '{"BLOCK_N": 16}')
     monkeypatch.setenv("TUNER_CONFIG_SINKHORN_BWD", '{"BLOCK_N": 64}')
