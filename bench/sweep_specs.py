@@ -523,6 +523,18 @@ def compressor_bwd_channels_first_specs() -> list[tuple[str, dict]]:
 COMPRESSOR_BWD_CSA_128_TRIALS = 150
 
 
+# The CSA d 128 backward with 8 channels a program (half a 32-byte sector; new), for more programs:
+# Nsight Compute found its 2,048 one-warp programs at 16 channels latency-bound, 11% achieved
+# occupancy (2026-12-04); 8 channels double them, and launched channel blocks first, a row's two
+# halves of a sector are read by programs that run together.
+COMPRESSOR_BWD_NARROW_SPACE = COMPRESSOR_BWD_CHANNELS_FIRST_SPACE | {"BLOCK_D": [8, 16], "SLABS": [128, 256, 512]}
+
+
+def compressor_bwd_narrow_channels_specs() -> list[tuple[str, dict]]:
+    specs = compressor_bwd_ratio_4_beside_committed("narrow-channels", COMPRESSOR_BWD_NARROW_SPACE)
+    return [(name, spec) for name, spec in specs if spec["shapes"][0]["dim"] == 128]
+
+
 def compressor_bwd_csa_128_tpe_specs() -> list[tuple[str, dict]]:
     shapes = [s for s in shapes_of("compressor_bwd", presets=("v4-flash",)) if s["ratio"] == 4 and s["dim"] == 128]
     return [("compressor_bwd-csa-128-tpe", tpe_spec("compressor_bwd", shapes, COMPRESSOR_BWD_CSA_128_TRIALS))]
@@ -728,6 +740,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "compressor-bwd-dape-last": compressor_bwd_dape_last_specs,
     "compressor-bwd-channels-first": compressor_bwd_channels_first_specs,
     "compressor-bwd-csa-128-tpe": compressor_bwd_csa_128_tpe_specs,
+    "compressor-bwd-narrow-channels": compressor_bwd_narrow_channels_specs,
     "indexer-one-head-block": lambda: indexer_scoring_grid_specs("one-head-block", INDEXER_ONE_HEAD_BLOCK_SPACE, topk=512),
     "indexer-tma": lambda: indexer_scoring_grid_specs("tma", INDEXER_TMA_SPACE),
     "indexer-tma-head-blocks": lambda: indexer_scoring_grid_specs("tma-head-blocks", INDEXER_TMA_HEAD_BLOCKS_SPACE),

@@ -193,6 +193,8 @@ BWD_CONFIGS = [
     {"BLOCK_G": 4, "BLOCK_D": 16, "SLABS": 5, "DAPE_ATOMIC": 1, "CHANNELS_FIRST": 1, "num_warps": 1, "num_stages": 2},
     {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 3, "DAPE_ATOMIC": 1, "DAPE_LAST": 1, "CHANNELS_FIRST": 1, "num_warps": 1,
      "num_stages": 1},
+    # 8 channels a program: 5 channel blocks over d = 40.
+    {"BLOCK_G": 4, "BLOCK_D": 8, "SLABS": 4, "DAPE_ATOMIC": 1, "CHANNELS_FIRST": 1, "num_warps": 1, "num_stages": 2},
 ]
 BWD_CONFIGS = [{"DAPE_LAST": 0, "CHANNELS_FIRST": 0, **c, "SAVED_STATS": 0, "BLOCK_P": 1} for c in BWD_CONFIGS] + [
     # From the saved statistics (HCA): 8 positions of 16 channels over entries 2 at a time (the
