@@ -78,6 +78,7 @@ def host_us(fn: Callable[[], object]) -> dict[str, float]:
 
 def check(kernel: registry.TunableKernel, shape: dict[str, int], variant: str, config: dict[str, Any],
           cached: _CachedLaunches, timed: bool) -> dict[str, Any]:
+    """One row: the cached launches of a second call and its parity, and with ``timed`` host µs."""
     device = torch.device("cuda")
     kernel.run(kernel.make_inputs(shape, device, 1), config)  # compiles; the cache keeps it
     inputs = kernel.make_inputs(shape, device, 1)
