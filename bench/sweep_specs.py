@@ -523,6 +523,13 @@ def compressor_bwd_channels_first_specs() -> list[tuple[str, dict]]:
 COMPRESSOR_BWD_CSA_128_TRIALS = 150
 
 
+def compressor_bwd_csa_128_tpe_specs() -> list[tuple[str, dict]]:
+    shapes = [s for s in shapes_of("compressor_bwd", presets=("v4-flash",)) if s["ratio"] == 4 and s["dim"] == 128]
+    spec = tpe_spec("compressor_bwd", shapes, COMPRESSOR_BWD_CSA_128_TRIALS)
+    spec["space"] = {"BLOCK_D": [16, 32, 64, 128]}  # the space it ran over, before 8 channels were offered
+    return [("compressor_bwd-csa-128-tpe", spec)]
+
+
 # The CSA d 128 backward with 8 channels a program (half a 32-byte sector; new), for more programs:
 # Nsight Compute found its 2,048 one-warp programs at 16 channels latency-bound, 11% achieved
 # occupancy (2026-12-04); 8 channels double them, and launched channel blocks first, a row's two
@@ -533,11 +540,6 @@ COMPRESSOR_BWD_NARROW_SPACE = COMPRESSOR_BWD_CHANNELS_FIRST_SPACE | {"BLOCK_D": 
 def compressor_bwd_narrow_channels_specs() -> list[tuple[str, dict]]:
     specs = compressor_bwd_ratio_4_beside_committed("narrow-channels", COMPRESSOR_BWD_NARROW_SPACE)
     return [(name, spec) for name, spec in specs if spec["shapes"][0]["dim"] == 128]
-
-
-def compressor_bwd_csa_128_tpe_specs() -> list[tuple[str, dict]]:
-    shapes = [s for s in shapes_of("compressor_bwd", presets=("v4-flash",)) if s["ratio"] == 4 and s["dim"] == 128]
-    return [("compressor_bwd-csa-128-tpe", tpe_spec("compressor_bwd", shapes, COMPRESSOR_BWD_CSA_128_TRIALS))]
 
 
 # The indexer's whole space (77,130 valid configs at the Flash 4,096 shape), by TPE from valid
