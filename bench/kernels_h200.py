@@ -34,7 +34,7 @@ import triton.testing
 from expert_gemm_peers import peers  # a sibling script of this one
 from kernels import registry
 from sweep_specs import graph_timed  # a sibling script
-from workers.bench_child import mismatch
+from workers.bench_child import as_tuple, mismatch
 from workers.device_info import describe_device
 from workers.timing import measure_graph
 
@@ -48,10 +48,6 @@ def copy_bandwidth_gbps() -> float:
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=500, return_mode="median")
     return 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
-
-
-def _as_tuple(value: Any) -> tuple[torch.Tensor, ...]:
-    return value if isinstance(value, tuple) else (value,)
 
 
 def _time_variants(name: str, key: str, variants: dict[str, Callable[[], Any]], graph: bool) -> tuple[dict, dict]:
@@ -79,7 +75,7 @@ def bench_shape(name: str, shape: dict[str, int], table: dict, ceiling_gbps: flo
     tuned = table["entries"].get(name, {}).get(key, {}).get("config")
     default = kernel.default_config(shape)
     inputs = kernel.make_inputs(shape, torch.device("cuda"), 7)
-    reference = _as_tuple(kernel.reference(inputs))
+    reference = as_tuple(kernel.reference(inputs))
     variants: dict[str, Callable[[], Any]] = {"default": lambda c=default: kernel.run(inputs, c)}
     if tuned is not None:
         variants["tuned"] = lambda c=tuned: kernel.run(inputs, c)
@@ -95,7 +91,7 @@ def bench_shape(name: str, shape: dict[str, int], table: dict, ceiling_gbps: flo
         src = torch.randn(max(1, bytes_moved // 8), device="cuda")
         dst = torch.empty_like(src)
         variants["same_size_copy"] = lambda: torch.mul(src, 1.0, out=dst)
-    parity = {v: mismatch(_as_tuple(variants[v]()), reference, kernel.atol, kernel.rtol) or "ok"
+    parity = {v: mismatch(as_tuple(variants[v]()), reference, kernel.atol, kernel.rtol) or "ok"
               for v in ("default", "tuned") if v in variants}
     # The compute-bound kernels run for milliseconds, where events are exact enough; the
     # microsecond memory-bound ones are also timed by graph replay, without launch cost.

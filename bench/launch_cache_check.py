@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,7 +31,8 @@ import triton.language as tl
 from kernels import launch as launch_module
 from kernels import registry
 from launch_variants import configs_at, preset_shapes  # bench/ is the script directory
-from workers.bench_child import mismatch
+from workers.bench_child import as_tuple, mismatch
+from workers.timing import host_ms
 
 CALLS = 100
 ROUNDS = 6
@@ -55,23 +55,15 @@ class _CachedLaunches:
         self._launch_compiled(*args)
 
 
-def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
-    return out if isinstance(out, tuple) else (out,)
-
-
 def host_us(fn: Callable[[], object]) -> dict[str, float]:
-    """The least host µs a call with the cache off and on, over alternating rounds."""
+    """The least host µs a call with the cache off and on (``workers.timing.host_ms``, one round at a
+    time), over alternating rounds."""
     samples: dict[str, list[float]] = {"off": [], "on": []}
     for _ in range(ROUNDS):
         for mode in ("off", "on"):
             launch_module.CACHE_COMPILED = mode == "on"
-            fn()
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(CALLS):
-                fn()
-            samples[mode].append((time.perf_counter() - start) * 1e6 / CALLS)
-            torch.cuda.synchronize()
+            fn()  # the first call after switching modes stays out of the timed round
+            samples[mode].append(host_ms(fn, calls=CALLS, rounds=1) * 1e3)
     launch_module.CACHE_COMPILED = True
     return {mode: round(min(times), 1) for mode, times in samples.items()}
 
@@ -83,10 +75,10 @@ def check(kernel: registry.TunableKernel, shape: dict[str, int], variant: str, c
     kernel.run(kernel.make_inputs(shape, device, 1), config)  # compiles; the cache keeps it
     inputs = kernel.make_inputs(shape, device, 1)
     before = cached.count
-    outputs = _as_tuple(kernel.run(inputs, config))
+    outputs = as_tuple(kernel.run(inputs, config))
     row: dict[str, Any] = {"kernel": kernel.name, "shape": kernel.shape_key(shape), "variant": variant,
                            "config": config, "cached_launches": cached.count - before,
-                           "parity": mismatch(outputs, _as_tuple(kernel.reference(inputs)), kernel.atol, kernel.rtol)
+                           "parity": mismatch(outputs, as_tuple(kernel.reference(inputs)), kernel.atol, kernel.rtol)
                            or "ok"}
     if timed:
         row["host_us"] = host_us(lambda: kernel.run(inputs, config))

@@ -10,12 +10,9 @@ from kernels import registry, tuning
 from kernels.arch import INTERPRETER_ARCH, current_arch, kernel_device
 from kernels.registry import TunableKernel
 from search_spaces import load_space
+from workers.bench_child import as_tuple
 
 DEVICE = kernel_device()
-
-
-def _as_tuple(outputs: Any) -> tuple[torch.Tensor, ...]:
-    return outputs if isinstance(outputs, tuple) else (outputs,)
 
 
 def assert_config_matches_reference(kernel: TunableKernel, config: dict[str, Any], seed: int,
@@ -37,7 +34,7 @@ def assert_config_matches_reference(kernel: TunableKernel, config: dict[str, Any
         if space.violation(config, shape, current_arch()):
             continue
         inputs = kernel.make_inputs(shape, DEVICE, seed=seed)
-        outputs, expected = _as_tuple(kernel.run(inputs, config)), _as_tuple(kernel.reference(inputs))
+        outputs, expected = as_tuple(kernel.run(inputs, config)), as_tuple(kernel.reference(inputs))
         assert len(outputs) == len(expected)
         for out, ref in zip(outputs, expected):
             assert out.shape == ref.shape and out.dtype == ref.dtype

@@ -37,7 +37,8 @@ except ImportError:  # pragma: no cover - older Triton layouts
 _inputs: dict[tuple[str, str, int], tuple[dict[str, Any], Any]] = {}
 
 
-def _as_tuple(outputs: Any) -> tuple[torch.Tensor, ...]:
+def as_tuple(outputs: Any) -> tuple[torch.Tensor, ...]:
+    """A launch's or reference's outputs as a tuple (single tensors are returned bare)."""
     return outputs if isinstance(outputs, tuple) else (outputs,)
 
 
@@ -47,7 +48,7 @@ def _inputs_and_reference(kernel: registry.TunableKernel, shape: dict[str, int],
     if key not in _inputs:
         _inputs.clear()  # keep one problem resident: GPU memory is for the current shape
         inputs = kernel.make_inputs(shape, kernel_device(), seed)
-        _inputs[key] = (inputs, _as_tuple(kernel.reference(inputs)))
+        _inputs[key] = (inputs, as_tuple(kernel.reference(inputs)))
     return _inputs[key]
 
 
@@ -77,7 +78,7 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
     on_gpu = current_arch() != INTERPRETER_ARCH
     inputs, reference = _inputs_and_reference(kernel, shape, request.get("seed", 0))
     try:
-        outputs = _as_tuple(kernel.run(inputs, config))
+        outputs = as_tuple(kernel.run(inputs, config))
     except COMPILE_ERRORS as exc:
         return {"status": "compile_error", "error": error_text(exc)}
     if on_gpu:
