@@ -99,14 +99,17 @@ def launch(
             kernel.warmup(*args, grid=grid, **options)
     elif all(grid):
         key = _launch_key(kernel, args, options) if CACHE_COMPILED else None
-        cached = _compiled.get(key) if key is not None else None
+        try:
+            cached = _compiled.get(key) if key is not None else None
+        except TypeError:  # an unhashable constexpr: Triton's path
+            key = cached = None
         if cached is None:
             compiled = kernel.run(*args, grid=grid, warmup=False, **options)  # kernel[grid](...) without its proxy
             names = _trailing_constexprs(kernel, len(args)) if key is not None else None
             if compiled is not None and names is not None and all(name in constexprs for name in names):
                 _compiled[key] = compiled.result() if hasattr(compiled, "result") else compiled, names
         else:
-            _launch_compiled(*cached, grid, args, constexprs)
+            _launch_compiled(*cached, key[1], grid, args, constexprs)
 
 
 def _arg_key(arg: Any) -> Any:
@@ -130,7 +133,8 @@ def _hook_idle(hook: Any) -> bool:
 
 
 def _launch_key(kernel: Any, args: tuple[Any, ...], options: dict[str, Any]) -> tuple | None:
-    """The compiled-kernel key of a launch, or None where only ``JITFunction.run`` may launch it."""
+    """The compiled-kernel key of a launch (the kernel, the current device, the options, the arguments'
+    specializations), or None where only ``JITFunction.run`` may launch it."""
     if (type(kernel) is not JITFunction or kernel.pre_run_hooks or current_arch() == INTERPRETER_ARCH
             or not (_hook_idle(knobs.runtime.launch_enter_hook) and _hook_idle(knobs.runtime.launch_exit_hook))
             or _trailing_constexprs(kernel, len(args)) is None):
@@ -138,12 +142,7 @@ def _launch_key(kernel: Any, args: tuple[Any, ...], options: dict[str, Any]) -> 
     arg_keys = tuple(_arg_key(arg) for arg in args)
     if _UNKEYABLE in arg_keys:
         return None
-    key = kernel, driver.active.get_current_device(), tuple(options.items()), arg_keys
-    try:
-        hash(key)
-    except TypeError:  # an unhashable constexpr
-        return None
-    return key
+    return kernel, driver.active.get_current_device(), tuple(options.items()), arg_keys
 
 
 @functools.lru_cache(maxsize=None)
@@ -156,11 +155,11 @@ def _trailing_constexprs(kernel: Any, n_args: int) -> tuple[str, ...] | None:
     return tuple(param.name for param in params[n_args:])
 
 
-def _launch_compiled(compiled: Any, names: tuple[str, ...], grid: tuple[int, ...], args: tuple[Any, ...],
-                     constexprs: dict[str, Any]) -> None:
-    """Call a compiled kernel's launcher as ``JITFunction.run`` does, on the current stream, without
-    launch hooks (``_launch_key`` keys no launch while any is set)."""
-    stream = driver.active.get_current_stream(driver.active.get_current_device())
+def _launch_compiled(compiled: Any, names: tuple[str, ...], device: int, grid: tuple[int, ...],
+                     args: tuple[Any, ...], constexprs: dict[str, Any]) -> None:
+    """Call a compiled kernel's launcher as ``JITFunction.run`` does, on ``device``'s current stream,
+    without launch hooks (``_launch_key`` keys no launch while any is set)."""
+    stream = driver.active.get_current_stream(device)
     launcher = compiled.run  # loads the module on first use, and sets ``function``
     launcher(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream, compiled.function,
              compiled.packed_metadata, None, None, None, *args, *[constexprs[name] for name in names])

@@ -101,6 +101,14 @@ def test_launches_it_cannot_key_go_through_triton(gpu_like, monkeypatch):
     assert len(runs) == 4 and not compiled.calls
 
 
+def test_an_unhashable_constexpr_goes_through_triton(gpu_like):
+    kernel, compiled, runs = gpu_like
+    x = torch.zeros(64)
+    for _ in range(2):
+        launch_module.launch(kernel, (1,), (x, 32, 0.5), {"BLOCK": 64, "FLAG": [1, 2]}, {})
+    assert len(runs) == 2 and not compiled.calls and not launch_module._compiled
+
+
 def test_a_set_launch_hook_turns_the_cache_off(gpu_like, monkeypatch):
     kernel, compiled, runs = gpu_like
     monkeypatch.setattr(launch_module, "_hook_idle", lambda hook: False)
