@@ -49,6 +49,15 @@ def _recording_run(original, compile_only: bool):
     return run
 
 
+def record_launches(compile_only: bool) -> None:
+    """Route every launch through ``_recording_run``: ``kernels.launch`` would otherwise call a key's
+    compiled kernel directly from its second launch on, past ``JITFunction.run``, and record nothing."""
+    from kernels import launch as launch_module
+
+    launch_module.CACHE_COMPILED = False
+    JITFunction.run = _recording_run(JITFunction.run, compile_only)
+
+
 class _OfflineDriver:
     """The little of Triton's driver that its JIT needs to compile (not launch) for a GPU it does not have."""
 
@@ -246,7 +255,7 @@ def main() -> None:
     else:
         device = torch.device("cuda")
         smem_per_sm = torch.cuda.get_device_properties(0).shared_memory_per_multiprocessor
-    JITFunction.run = _recording_run(JITFunction.run, offline)
+    record_launches(offline)
     if args.agree_with is not None:
         _agreement(args.agree_with, args.out, smem_per_sm)
         return

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from triton.runtime.jit import JITFunction
 
 import kernel_resources  # bench/ is the script directory
 
@@ -47,7 +46,7 @@ def main() -> None:
                         help="draw only configs the space admits (pruned ones can take minutes to compile)")
     args = parser.parse_args()
     kernel_resources._use_offline_arch(ARCH)
-    JITFunction.run = kernel_resources._recording_run(JITFunction.run, True)
+    kernel_resources.record_launches(True)
     from kernels import registry
     from search_spaces import load_space
 

@@ -51,3 +51,25 @@ def test_loop_wgmma_waits_count_the_warpgroup_depbars_inside_each_body():
         "        /*2030*/                   DEPBAR.LE SB0, 0x0 ;\n        /*2000*/")
     assert loop_wgmma_waits(sass) == [1]  # the one at 0x1ff0 is before the loop; DEPBAR is cp.async's
     assert loop_wgmma_waits(SASS) == [0]
+
+
+def test_recording_sees_every_launch_of_a_key(monkeypatch):
+    """The compiled-kernel cache of ``kernels.launch`` would send a key's second launch past
+    ``JITFunction.run``: recording turns it off, so each launch is recorded."""
+    from triton.runtime.jit import JITFunction
+
+    from bench import kernel_resources
+    from kernels import launch as launch_module
+
+    monkeypatch.setattr(launch_module, "CACHE_COMPILED", True)
+    monkeypatch.setattr(JITFunction, "run", lambda self, *args, grid, warmup, **kwargs: "compiled")
+    monkeypatch.setattr(kernel_resources, "_launched", [])
+    kernel_resources.record_launches(compile_only=True)
+    assert launch_module.CACHE_COMPILED is False
+    kernel = JITFunction(_recorded_kernel)
+    assert kernel.run(1, grid=(1,), warmup=False) == "compiled"
+    assert [name for name, _ in kernel_resources._launched] == ["_recorded_kernel"]
+
+
+def _recorded_kernel(x_ptr):
+    pass
