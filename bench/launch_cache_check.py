@@ -20,6 +20,8 @@ python bench/launch_cache_check.py --summary OUT_JSON... prints a markdown table
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -96,8 +98,17 @@ def summary(reports: list[dict[str, Any]]) -> str:
              f"launches with no cached kernel launch: {len(uncached)}" + "".join(f"\n- {line}" for line in uncached),
              "empty Triton launch, host µs a call off / on: "
              + "; ".join(f"{r['empty_launch_host_us']['off']} / {r['empty_launch_host_us']['on']}" for r in reports),
-             "", "| launch | shape | config | Triton launches | host µs off | on | on / off |",
-             "|---|---|---|---|---|---|---|"]
+             ""]
+    timed = [r for r in rows if "host_us" in r and r["cached_launches"]]
+    if timed:
+        ratios = [r["host_us"]["on"] / r["host_us"]["off"] for r in timed]
+        saved = [r["host_us"]["off"] - r["host_us"]["on"] for r in timed]
+        lines += [f"timed launches with cached kernel launches: {len(timed)}; faster with the cache: "
+                  f"{sum(ratio < 1 for ratio in ratios)}; host µs a call saved, median: {statistics.median(saved):.1f}, "
+                  f"a Triton launch: {statistics.median(s / r['cached_launches'] for s, r in zip(saved, timed)):.1f}; "
+                  f"on / off {min(ratios):.2f}-{max(ratios):.2f}, geomean "
+                  f"{math.exp(statistics.fmean(math.log(ratio) for ratio in ratios)):.2f}", ""]
+    lines += ["| launch | shape | config | Triton launches | host µs off | on | on / off |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "host_us" in r:
             off, on = r["host_us"]["off"], r["host_us"]["on"]
@@ -106,14 +117,31 @@ def summary(reports: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _fail(field: str, reason: str) -> None:
+    print(f"{field}: {reason}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main() -> None:
+    if len(sys.argv) < 3:
+        _fail("usage", __doc__.split("Usage: ")[1].strip())
     if sys.argv[1] == "--summary":
-        print(summary([json.loads(Path(path).read_text()) for path in sys.argv[2:]]))
+        try:
+            reports = [json.loads(Path(path).read_text()) for path in sys.argv[2:]]
+            print(summary(reports))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            _fail("OUT_JSON", f"not a launch_cache_check result ({type(error).__name__}: {error})")
         return
-    table = json.loads(Path(sys.argv[1]).read_text())["entries"]
+    try:
+        table = json.loads(Path(sys.argv[1]).read_text())["entries"]
+    except (OSError, ValueError, KeyError) as error:
+        _fail("TABLE", f"not a tuned table ({type(error).__name__}: {error})")
     out = Path(sys.argv[2])
     presets = sys.argv[3].split(",") if len(sys.argv) > 3 else ["small", "v4-flash"]
     names = sys.argv[4].split(",") if len(sys.argv) > 4 else registry.names()
+    unknown = [name for name in names if name not in registry.names()]
+    if unknown:
+        _fail("KERNEL", f"not registered: {', '.join(unknown)}")
     cached = _CachedLaunches()
     launch_module._launch_compiled = cached
     x = torch.zeros(16, device="cuda")
