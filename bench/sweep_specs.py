@@ -142,7 +142,7 @@ def tma_specs(spaces: dict[str, dict], ep8_only: bool = False) -> list[tuple[str
 # The glue forward at 4,096 tokens, where the 2026-12-01 TPE sweeps (16 trials of 540 configs) left
 # it at 35-38% of the copy bandwidth: a grid over the long-loop tilings around their best.
 GLUE_4096_SPACE = {"BLOCK_N": [32, 64], "BLOCK_K": [64, 128], "SPLIT_K": [4, 8, 16], "FUSED_GATES": [0],
-                   "num_warps": [4, 8], "num_stages": [3, 4], "maxnreg": [None]}
+                   "GATES_BLOCK_N": [0], "num_warps": [4, 8], "num_stages": [3, 4], "maxnreg": [None]}
 GLUE_4096_SHAPES = [{"tokens": 4096, "hidden": hidden} for hidden in (4096, 7168)]
 
 
@@ -158,6 +158,18 @@ GLUE_FUSED_GATES_SPACE = GLUE_4096_SPACE | {"SPLIT_K": [4, 8], "FUSED_GATES": [0
 
 def glue_fused_gates_specs() -> list[tuple[str, dict]]:
     return [("mhc_glue_fwd-fused-gates-grid", grid_spec("mhc_glue_fwd", GLUE_4096_SHAPES, GLUE_FUSED_GATES_SPACE))]
+
+
+# 128-token blocks beside 64 (every program reads its split's chunk of fn, as many bytes as of h at
+# 64 tokens, half at 128; the projection kernel ran at 83% of L2 throughput, 2026-12-02), and the
+# gates launch over 16-64-token blocks (64-token blocks are 64 programs at 4,096 tokens), at both
+# 4,096-token shapes; the committed tiling is in the grid.
+GLUE_WIDE_BLOCKS_SPACE = GLUE_4096_SPACE | {"BLOCK_N": [64, 128], "BLOCK_K": [32, 64], "GATES_BLOCK_N": [0, 16],
+                                            "num_stages": [3]}
+
+
+def glue_wide_blocks_specs() -> list[tuple[str, dict]]:
+    return [("mhc_glue_fwd-wide-blocks-grid", grid_spec("mhc_glue_fwd", GLUE_4096_SHAPES, GLUE_WIDE_BLOCKS_SPACE))]
 
 
 # The sparse-attention backward with its entry gradient transposed (wgmma at any head count; 64-head
@@ -698,6 +710,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "split-glue-tma-bwd": lambda: per_preset_specs(("mhc_glue_fwd",)) + tma_specs(TMA_BWD_SPACES, ep8_only=True),
     "glue-4096": glue_4096_specs,
     "glue-fused-gates": glue_fused_gates_specs,
+    "glue-fwd-wide-blocks": glue_wide_blocks_specs,
     "attention-bwd-transposed": attention_bwd_transposed_specs,
     "attention-bwd-8192": lambda: attention_bwd_transposed_specs(8192, ATTENTION_BWD_8192_SPACE),
     "indexer-key-tiles": indexer_key_tiles_specs,

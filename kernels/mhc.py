@@ -14,7 +14,8 @@ chunks, accumulating the ``[BLOCK_N, 32]`` projection (24 rows padded for ``tl.d
 sum of squares from the same loads, so h is read once. With ``SPLIT_K`` > 1 the 4D axis is
 split over that many programs per token block too (4096 tokens are only 64-128 token blocks for
 132 SMs): they write fp32 partial sums (33 floats a token per split, under 2% of h's bytes at
-SPLIT_K 8, D 4096) that a second launch adds in a fixed order before the gates; with
+SPLIT_K 8, D 4096) that a second launch adds in a fixed order before the gates, ``GATES_BLOCK_N``
+tokens a program (0: ``BLOCK_N``; 64-token blocks are 64 programs for 132 SMs at 4,096 tokens); with
 ``FUSED_GATES`` the last of a token block's split programs to finish does that instead (an
 arrival counter a block, zeroed by the fn split's launch), one launch fewer, but 4% slower on
 the H200 at 4,096 tokens than the launch it saves (2026-12-04). The matmul keeps fp32 accuracy on
@@ -434,11 +435,12 @@ def _glue_forward(
         compile_only,
     )
     if split > 1 and not fused_gates:
+        gates_block = config.get("GATES_BLOCK_N") or block_n  # 0 (or a config from before it): BLOCK_N
         launch(
             _glue_gates_kernel,
-            (blocks,),
+            (cdiv(n_tokens, gates_block),),
             (part, base, scale, pre, post, comb, m, rstd, n_tokens, width, eps),
-            {"BLOCK_N": block_n, "SPLIT_K": split},
+            {"BLOCK_N": gates_block, "SPLIT_K": split},
             {"num_warps": 4},
             compile_only,
         )
@@ -905,8 +907,8 @@ def _glue_default(shape: Shape, backward: bool) -> Config:
         blocks = cdiv(tokens, block_n)
         split = min(next_pow2(cdiv(_FILL_PROGRAMS, blocks)), max(1, 4 * shape["hidden"] // 512))
         # FUSED_GATES 0: 4% slower than the gates launch at 4,096 tokens (H200 grid, 2026-12-04)
-        return {"BLOCK_N": block_n, "BLOCK_K": 64, "SPLIT_K": split, "FUSED_GATES": 0, "num_warps": 4,
-                "num_stages": 3}
+        return {"BLOCK_N": block_n, "BLOCK_K": 64, "SPLIT_K": split, "FUSED_GATES": 0, "GATES_BLOCK_N": 0,
+                "num_warps": 4, "num_stages": 3}
     slabs = 16 if cdiv(tokens, block_n) >= 16 else 8
     return {"BLOCK_N": block_n, "BLOCK_K": 128, "SLABS": slabs, "DFN_TRANSPOSED": 0, "TMA": 0, "num_warps": 8,
             "num_stages": 2}

@@ -191,18 +191,21 @@ def test_sublayer_round_trip_matches_eager():
         _close(actual, expected, atol=2e-4 * float(expected.detach().abs().max()), rtol=0)
 
 
+_GLUE_FWD = {"FUSED_GATES": 0, "GATES_BLOCK_N": 0, "num_warps": 4, "num_stages": 3}
 CONFIGS = {
     "mhc_glue_fwd": [
-        {"BLOCK_N": 16, "SPLIT_K": 1, "BLOCK_K": 64, "FUSED_GATES": 0, "num_warps": 4, "num_stages": 2},  # ragged chunks of 4D = 160
-        {"BLOCK_N": 32, "SPLIT_K": 1, "BLOCK_K": 32, "FUSED_GATES": 0, "num_warps": 4, "num_stages": 3},
+        {**_GLUE_FWD, "BLOCK_N": 16, "SPLIT_K": 1, "BLOCK_K": 64},  # ragged chunks of 4D = 160
+        {**_GLUE_FWD, "BLOCK_N": 32, "SPLIT_K": 1, "BLOCK_K": 32},
         # a token tile wider than the 37 tokens (the space prunes wider ones)
-        {"BLOCK_N": 64, "SPLIT_K": 1, "BLOCK_K": 128, "FUSED_GATES": 0, "num_warps": 8, "num_stages": 4},
-        {"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 4, "FUSED_GATES": 0, "num_warps": 4, "num_stages": 2},  # 4D in 4 ragged splits
+        {**_GLUE_FWD, "BLOCK_N": 64, "SPLIT_K": 1, "BLOCK_K": 128, "num_warps": 8, "num_stages": 4},
+        {**_GLUE_FWD, "BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 4},  # 4D in 4 ragged splits
         # splits past 4D's end (4D = 384 at 37 tokens: 64-column splits, the last two empty)
-        {"BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 8, "FUSED_GATES": 0, "num_warps": 4, "num_stages": 2},
+        {**_GLUE_FWD, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 8},
+        # the gates launch over 16-token blocks, narrower than the projection's 32 (37 tokens: 3 ragged ones)
+        {**_GLUE_FWD, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 4, "GATES_BLOCK_N": 16},
         # the gates by each token block's last split program to arrive, not a third launch
-        {"BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 4, "FUSED_GATES": 1, "num_warps": 4, "num_stages": 2},
-        {"BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 8, "FUSED_GATES": 1, "num_warps": 4, "num_stages": 2},
+        {**_GLUE_FWD, "BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 4, "FUSED_GATES": 1},
+        {**_GLUE_FWD, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 8, "FUSED_GATES": 1},
     ],
     "mhc_glue_bwd": [
         {"BLOCK_N": 16, "BLOCK_K": 64, "SLABS": 1, "DFN_TRANSPOSED": 0, "TMA": 0, "num_warps": 4, "num_stages": 1},  # one slab
