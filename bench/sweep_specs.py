@@ -142,8 +142,7 @@ def tma_specs(spaces: dict[str, dict], ep8_only: bool = False) -> list[tuple[str
 # The glue forward at 4,096 tokens, where the 2026-12-01 TPE sweeps (16 trials of 540 configs) left
 # it at 35-38% of the copy bandwidth: a grid over the long-loop tilings around their best.
 GLUE_4096_SPACE = {"BLOCK_N": [32, 64], "BLOCK_K": [64, 128], "SPLIT_K": [4, 8, 16], "FUSED_GATES": [0],
-                   "GATES_BLOCK_N": [0], "INLINE_FN_SPLIT": [0], "PDL": [0], "num_warps": [4, 8], "num_stages": [3, 4],
-                   "maxnreg": [None]}
+                   "GATES_BLOCK_N": [0], "num_warps": [4, 8], "num_stages": [3, 4], "maxnreg": [None]}
 GLUE_4096_SHAPES = [{"tokens": 4096, "hidden": hidden} for hidden in (4096, 7168)]
 
 
@@ -171,18 +170,6 @@ GLUE_WIDE_BLOCKS_SPACE = GLUE_4096_SPACE | {"BLOCK_N": [64, 128], "BLOCK_K": [32
 
 def glue_wide_blocks_specs() -> list[tuple[str, dict]]:
     return [("mhc_glue_fwd-wide-blocks-grid", grid_spec("mhc_glue_fwd", GLUE_4096_SHAPES, GLUE_WIDE_BLOCKS_SPACE))]
-
-
-# The forward's launches: fn split by each program (INLINE_FN_SPLIT, no split launch) and
-# programmatic dependent launches (PDL), with both gates blocks, over the split counts, at the four
-# shapes, in the committed 64 x 64 tiling (the wide-blocks grid's best at both 4,096-token shapes).
-GLUE_LAUNCHES_SPACE = GLUE_4096_SPACE | {"BLOCK_N": [64], "BLOCK_K": [64], "SPLIT_K": [1, 2, 4, 8, 16],
-                                         "GATES_BLOCK_N": [0, 16], "INLINE_FN_SPLIT": [0, 1], "PDL": [0, 1],
-                                         "num_warps": [4], "num_stages": [3]}
-
-
-def glue_launches_specs() -> list[tuple[str, dict]]:
-    return [("mhc_glue_fwd-launches-grid", grid_spec("mhc_glue_fwd", shapes_of("mhc_glue_fwd"), GLUE_LAUNCHES_SPACE))]
 
 
 # The sparse-attention backward with its entry gradient transposed (wgmma at any head count; 64-head
@@ -724,7 +711,6 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "glue-4096": glue_4096_specs,
     "glue-fused-gates": glue_fused_gates_specs,
     "glue-fwd-wide-blocks": glue_wide_blocks_specs,
-    "glue-fwd-launches": glue_launches_specs,
     "attention-bwd-transposed": attention_bwd_transposed_specs,
     "attention-bwd-8192": lambda: attention_bwd_transposed_specs(8192, ATTENTION_BWD_8192_SPACE),
     "indexer-key-tiles": indexer_key_tiles_specs,

@@ -38,7 +38,7 @@ _compiled: dict[tuple, Any] = {}
 
 _COMMON_OPTIONS = ("num_warps", "num_stages")
 _BACKEND_KNOBS = {
-    "cuda": ("maxnreg", "launch_pdl"),  # launch_pdl: a programmatic dependent launch (sm_90+), set by a kernel module
+    "cuda": ("maxnreg",),
     "hip": ("waves_per_eu", "matrix_instr_nonkdim", "kpack"),
 }
 

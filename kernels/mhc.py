@@ -20,12 +20,9 @@ tokens a program (0: ``BLOCK_N``; 64-token blocks are 64 programs for 132 SMs at
 arrival counter a block, zeroed by the fn split's launch), one launch fewer, but 4% slower on
 the H200 at 4,096 tokens than the launch it saves (2026-12-04). The matmul keeps fp32 accuracy on
 bf16 tensor cores (``_dot_split``): fp32 operands are split into bf16 high and low parts
-(fn once a call, before the launch, so that no program converts it; or with ``INLINE_FN_SPLIT``
-by each program, its own chunks, which saves that launch), and bf16 h is exact as it is. With
-``PDL`` (sm_90+) the projection and gates launches are programmatic dependent launches: each is
-scheduled while the kernel before it runs and waits for its writes (``griddepcontrol``), so the
-gaps between the three small launches at 4,096 tokens overlap work. The fp32 projection m and
-rstd are saved for the backward (100 bytes a token, next to 8D bytes of bf16 h).
+(fn once a call, before the launch, so that no program converts it), and bf16 h is exact as
+it is. The fp32 projection m and rstd are saved for the backward
+(100 bytes a token, next to 8D bytes of bf16 h).
 
 Glue backward, three launches. A token-local first pass turns the saved m and rstd and the gates'
 gradients into the projection's gradient d_proj (split into bf16 high and low parts, 128 bytes a
@@ -143,11 +140,10 @@ def _gate_params(base_ptr, scale_ptr, logits):
 
 @triton.jit
 def _glue_project(h_ptr, fn_ptr, tokens, logits, n_tokens, width, k_begin, k_end,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INLINE_FN_SPLIT: tl.constexpr, UPCAST: tl.constexpr):
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
     """The ``[BLOCK_N, 32]`` projection and the ``[BLOCK_N]`` sum of squares of h over 4D columns
     ``[k_begin, k_end)``, from one read of each h chunk. ``fn_ptr`` holds fn split into bf16 high
-    and low parts (``_split_fn``), so a bf16 chunk costs two bf16 MMAs and no conversion of fn; with
-    ``INLINE_FN_SPLIT`` it is fp32 fn itself, each chunk split here (as many bytes, no split launch)."""
+    and low parts (``_split_fn``), so a bf16 chunk costs two bf16 MMAs and no conversion of fn."""
     ks = tl.arange(0, BLOCK_K)
     proj = tl.zeros([BLOCK_N, _LOGITS_PAD], dtype=tl.float32)
     sum_sq = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -159,14 +155,10 @@ def _glue_project(h_ptr, fn_ptr, tokens, logits, n_tokens, width, k_begin, k_end
         in_range = (cols < k_end)[None, :]
         x = tl.load(h_ptr + token_rows + cols[None, :], mask=(tokens < n_tokens)[:, None] & in_range, other=0.0)
         w_mask = (logits < _LOGITS)[:, None] & in_range
-        if INLINE_FN_SPLIT:  # two MMAs: fp32 fn's high and low parts
-            proj = _dot_split(x, tl.trans(tl.load(fn_ptr + logit_rows + cols[None, :], mask=w_mask, other=0.0)),
-                              proj, UPCAST)
-        else:
-            w_hi = tl.load(fn_ptr + logit_rows + cols[None, :], mask=w_mask, other=0.0)
-            w_lo = tl.load(fn_ptr + low_part + logit_rows + cols[None, :], mask=w_mask, other=0.0)
-            proj = _dot_split(x, tl.trans(w_hi), proj, UPCAST)  # one MMA each for bf16 h, two for fp32
-            proj = _dot_split(x, tl.trans(w_lo), proj, UPCAST)
+        w_hi = tl.load(fn_ptr + logit_rows + cols[None, :], mask=w_mask, other=0.0)
+        w_lo = tl.load(fn_ptr + low_part + logit_rows + cols[None, :], mask=w_mask, other=0.0)
+        proj = _dot_split(x, tl.trans(w_hi), proj, UPCAST)  # one MMA each for bf16 h, two for fp32
+        proj = _dot_split(x, tl.trans(w_lo), proj, UPCAST)
         xf = x.to(tl.float32)
         sum_sq += tl.sum(xf * xf, axis=1)
     return proj, sum_sq
@@ -212,33 +204,22 @@ def _sum_partials(part_ptr, tokens, logits, n_tokens, BLOCK_N: tl.constexpr, SPL
 
 
 @triton.jit
-def _programmatic_start(PDL: tl.constexpr):
-    """A programmatic dependent launch's start (sm_90+): let the next such launch on the stream be
-    scheduled now, then wait until the kernel before this one has finished and its writes are
-    visible. So a launch's scheduling and start overlap the tail of the kernel it follows."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-
-
-@triton.jit
 def _glue_fwd_kernel(
     h_ptr, fn_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, m_ptr, rstd_ptr, part_ptr, arrivals_ptr,
     n_tokens, width, eps, k_chunk, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    FUSED_GATES: tl.constexpr, INLINE_FN_SPLIT: tl.constexpr, PDL: tl.constexpr, UPCAST: tl.constexpr,
+    FUSED_GATES: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """SPLIT_K 1: the whole 4D axis, then the gates. Otherwise program (i, j) writes the projection and
     sum of squares of columns ``[j * k_chunk, (j + 1) * k_chunk)`` as row block i of slab j of the
     ``[SPLIT_K, tokens, 33]`` fp32 ``part_ptr``, and ``_glue_gates_kernel`` adds the slabs; with
     FUSED_GATES the last of the block's programs to finish does, counted in ``arrivals_ptr`` (zeroed by
-    ``_split_fn_kernel``), which saves that launch. With PDL the launch is a programmatic dependent one."""
-    _programmatic_start(PDL)
+    ``_split_fn_kernel``), which saves that launch."""
     tokens = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     logits = tl.arange(0, _LOGITS_PAD)
     split = tl.program_id(1)
     k_begin = split * k_chunk
     proj, sum_sq = _glue_project(h_ptr, fn_ptr, tokens, logits, n_tokens, width, k_begin,
-                                 tl.minimum(k_begin + k_chunk, width), BLOCK_N, BLOCK_K, INLINE_FN_SPLIT, UPCAST)
+                                 tl.minimum(k_begin + k_chunk, width), BLOCK_N, BLOCK_K, UPCAST)
     if SPLIT_K == 1:
         _glue_gates(proj, sum_sq, tokens, logits, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, m_ptr, rstd_ptr,
                     n_tokens, width, eps)
@@ -262,10 +243,9 @@ def _glue_fwd_kernel(
 @triton.jit
 def _glue_gates_kernel(
     part_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, m_ptr, rstd_ptr, n_tokens, width, eps,
-    BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
     """The split forward's second pass: ``_sum_partials``, then ``_glue_gates``."""
-    _programmatic_start(PDL)
     tokens = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     logits = tl.arange(0, _LOGITS_PAD)
     proj, sum_sq = _sum_partials(part_ptr, tokens, logits, n_tokens, BLOCK_N, SPLIT_K, False)
@@ -402,9 +382,7 @@ def _glue_bwd_sums_kernel(
 
 
 @triton.jit
-def _split_fn_kernel(fn_ptr, out_ptr, n, arrivals_ptr, n_arrivals, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # the projection launch after it may be scheduled now (it waits for this one's writes)
-        tl.extra.cuda.gdc_launch_dependents()
+def _split_fn_kernel(fn_ptr, out_ptr, n, arrivals_ptr, n_arrivals, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     w = tl.load(fn_ptr + offsets, mask=mask, other=0.0)
@@ -414,19 +392,17 @@ def _split_fn_kernel(fn_ptr, out_ptr, n, arrivals_ptr, n_arrivals, BLOCK: tl.con
     tl.store(arrivals_ptr + offsets, tl.zeros([BLOCK], dtype=tl.int32), mask=offsets < n_arrivals)
 
 
-def _split_fn(fn: torch.Tensor, compile_only: bool, arrivals: torch.Tensor | None = None, pdl: bool = False
-              ) -> torch.Tensor:
+def _split_fn(fn: torch.Tensor, compile_only: bool, arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """``[2, 24, 4D]`` bf16: fn's bf16 rounding, then the bf16 rounding of the remainder (``_dot_split``'s
     split, done once a call rather than in every program: 1.5 MB of fp32 at D 4096, against the
     forward's 134 MB of h at 4,096 tokens). One launch: as five torch ops it took 9 us of device
     time, a sixth of the whole forward at 4,096 tokens (``bench/glue_launches.py``). It also zeroes
-    the int32 ``arrivals`` counters of a FUSED_GATES forward, which runs after it on the stream. ``pdl``:
-    the projection after it is a programmatic dependent launch, which this one lets start early."""
+    the int32 ``arrivals`` counters of a FUSED_GATES forward, which runs after it on the stream."""
     out = torch.empty((2, *fn.shape), dtype=torch.bfloat16, device=fn.device)
     n_arrivals = 0 if arrivals is None else arrivals.numel()  # none: ``out`` stands in, nothing is stored
     launch(_split_fn_kernel, (cdiv(max(fn.numel(), n_arrivals), _SPLIT_FN_BLOCK),),
            (fn, out, fn.numel(), out if arrivals is None else arrivals, n_arrivals),
-           {"BLOCK": _SPLIT_FN_BLOCK, "PDL": pdl}, {"num_warps": 4}, compile_only)
+           {"BLOCK": _SPLIT_FN_BLOCK}, {"num_warps": 4}, compile_only)
     return out
 
 
@@ -449,21 +425,13 @@ def _glue_forward(
     fused_gates = split > 1 and bool(config.get("FUSED_GATES"))  # configs tuned before FUSED_GATES lack it
     arrivals = torch.empty(blocks, dtype=torch.int32, device=h.device) if fused_gates else None
     interpreted = current_arch() == INTERPRETER_ARCH
-    # Configs tuned before INLINE_FN_SPLIT or PDL lack them. The interpreter runs PDL launches plainly.
-    inline_split = bool(config.get("INLINE_FN_SPLIT"))
-    if inline_split and fused_gates:
-        raise ValueError("INLINE_FN_SPLIT 1 with FUSED_GATES 1: no fn split launch zeroes the arrival counters")
-    pdl = bool(config.get("PDL")) and not interpreted
-    pdl_config = {**config, "launch_pdl": True} if pdl else config
-    fn_operand = fn if inline_split else _split_fn(fn, compile_only, arrivals, pdl)
     launch(
         _glue_fwd_kernel,
         (blocks, split),
-        (h, fn_operand, base, scale, pre, post, comb, m, rstd, part,
+        (h, _split_fn(fn, compile_only, arrivals), base, scale, pre, post, comb, m, rstd, part,
          m if arrivals is None else arrivals, n_tokens, width, eps, k_chunk),  # m: unread without FUSED_GATES
-        {"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split, "FUSED_GATES": fused_gates,
-         "INLINE_FN_SPLIT": inline_split, "PDL": pdl, "UPCAST": interpreted},
-        pdl_config,
+        {"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split, "FUSED_GATES": fused_gates, "UPCAST": interpreted},
+        config,
         compile_only,
     )
     if split > 1 and not fused_gates:
@@ -472,8 +440,8 @@ def _glue_forward(
             _glue_gates_kernel,
             (cdiv(n_tokens, gates_block),),
             (part, base, scale, pre, post, comb, m, rstd, n_tokens, width, eps),
-            {"BLOCK_N": gates_block, "SPLIT_K": split, "PDL": pdl},
-            {"num_warps": 4, "launch_pdl": pdl or None},
+            {"BLOCK_N": gates_block, "SPLIT_K": split},
+            {"num_warps": 4},
             compile_only,
         )
     return pre, post, comb, m, rstd
@@ -940,7 +908,7 @@ def _glue_default(shape: Shape, backward: bool) -> Config:
         split = min(next_pow2(cdiv(_FILL_PROGRAMS, blocks)), max(1, 4 * shape["hidden"] // 512))
         # FUSED_GATES 0: 4% slower than the gates launch at 4,096 tokens (H200 grid, 2026-12-04)
         return {"BLOCK_N": block_n, "BLOCK_K": 64, "SPLIT_K": split, "FUSED_GATES": 0, "GATES_BLOCK_N": 0,
-                "INLINE_FN_SPLIT": 0, "PDL": 0, "num_warps": 4, "num_stages": 3}
+                "num_warps": 4, "num_stages": 3}
     slabs = 16 if cdiv(tokens, block_n) >= 16 else 8
     return {"BLOCK_N": block_n, "BLOCK_K": 128, "SLABS": slabs, "DFN_TRANSPOSED": 0, "TMA": 0, "num_warps": 8,
             "num_stages": 2}

@@ -4,8 +4,7 @@ Values are the per-block limits a Triton kernel can use: shared memory (opt-in m
 per block), warp/wavefront size, the register ceiling per thread, and ``tma``: whether
 Triton's tensor descriptors load through the tensor-memory accelerator (Hopper and later; the
 interpreter emulates them); ``wgmma``: whether Gluon's warpgroup MMA compiles there (sm_90 only;
-the interpreter cannot run Gluon); ``pdl``: whether a launch can be a programmatic dependent one
-(``griddepcontrol``, Hopper and later; the interpreter runs such launches plainly).
+the interpreter cannot run Gluon).
 """
 
 from __future__ import annotations
@@ -14,20 +13,20 @@ from typing import Any
 
 ARCH_FACTS: dict[str, dict[str, Any]] = {
     "sm_80": {"backend": "cuda", "smem_bytes": 166_912, "warp_size": 32,
-              "max_regs_per_thread": 255, "tma": False, "wgmma": False, "pdl": False},
+              "max_regs_per_thread": 255, "tma": False, "wgmma": False},
     "sm_89": {"backend": "cuda", "smem_bytes": 101_376, "warp_size": 32,
-              "max_regs_per_thread": 255, "tma": False, "wgmma": False, "pdl": False},
+              "max_regs_per_thread": 255, "tma": False, "wgmma": False},
     "sm_90": {"backend": "cuda", "smem_bytes": 232_448, "warp_size": 32,
-              "max_regs_per_thread": 255, "tma": True, "wgmma": True, "pdl": True},
+              "max_regs_per_thread": 255, "tma": True, "wgmma": True},
     "sm_100": {"backend": "cuda", "smem_bytes": 232_448, "warp_size": 32,
-               "max_regs_per_thread": 255, "tma": True, "wgmma": False, "pdl": True},
+               "max_regs_per_thread": 255, "tma": True, "wgmma": False},
     "gfx942": {"backend": "hip", "smem_bytes": 65_536, "warp_size": 64,
-               "max_regs_per_thread": 512, "tma": False, "wgmma": False, "pdl": False},
+               "max_regs_per_thread": 512, "tma": False, "wgmma": False},
     "gfx950": {"backend": "hip", "smem_bytes": 163_840, "warp_size": 64,
-               "max_regs_per_thread": 512, "tma": False, "wgmma": False, "pdl": False},
+               "max_regs_per_thread": 512, "tma": False, "wgmma": False},
     # The CPU interpreter has no hardware limits; constraints see generous values.
     "interp": {"backend": "interp", "smem_bytes": 1 << 30, "warp_size": 32,
-               "max_regs_per_thread": 1 << 20, "tma": True, "wgmma": False, "pdl": True},
+               "max_regs_per_thread": 1 << 20, "tma": True, "wgmma": False},
 }
 
 
