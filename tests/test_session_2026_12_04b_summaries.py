@@ -1,0 +1,53 @@
+"""The 2026-12-04b write-up's tables reprint from the committed raw results, by the committed
+scripts: the sweeps' best config per parameter value (``bench/best_by_param.py``), the benches'
+summaries (``bench/attention_summary.py``, ``bench/block_kernels_summary.py``) and Nsight Compute's
+counters (``bench/ncu_summary.py``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "2026-12-04b-h200"
+
+
+def _reprint(script: str, *args: str) -> str:
+    proc = subprocess.run([sys.executable, f"bench/{script}", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.mark.parametrize(("summary", "trials", "kernel", "param", "reference"), [
+    ("narrow-channels-run-1-by-block-d.md", "run-1-trials.csv", "compressor_bwd", "BLOCK_D", "16"),
+    ("wide-blocks-run-2-by-block-n.md", "run-2-trials.csv", "mhc_glue_fwd", "BLOCK_N", "64"),
+    ("wide-blocks-run-2-by-gates-block-n.md", "run-2-trials.csv", "mhc_glue_fwd", "GATES_BLOCK_N", "0"),
+    ("launches-run-3-by-inline-fn-split.md", "run-3-trials.csv", "mhc_glue_fwd", "INLINE_FN_SPLIT", "0"),
+    ("launches-run-3-by-pdl.md", "run-3-trials.csv", "mhc_glue_fwd", "PDL", "0"),
+    ("launches-run-3-by-gates-block-n.md", "run-3-trials.csv", "mhc_glue_fwd", "GATES_BLOCK_N", "0"),
+])
+def test_best_by_param_tables_reprint(summary, trials, kernel, param, reference):
+    printed = _reprint("best_by_param.py", str(RESULTS / trials), param, "--kernel", kernel, "--reference", reference)
+    assert printed == (RESULTS / summary).read_text().strip()
+
+
+def test_bench_summaries_reprint():
+    assert _reprint("attention_summary.py", str(RESULTS / "run-1-kernels.json")) == \
+        (RESULTS / "compressor-summary-run-1.md").read_text().strip()
+    for run in (2, 3):
+        printed = _reprint("block_kernels_summary.py", str(RESULTS / f"run-{run}-kernels.json"))
+        assert printed == (RESULTS / f"glue-fwd-summary-run-{run}.md").read_text().strip()
+    assert "| mhc_glue_fwd | T=4096 D=4096 | graph | 23% | 65% |" in (RESULTS / "glue-fwd-summary-run-2.md").read_text()
+
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_ncu_tables_reprint(run, tmp_path):
+    with tarfile.open(RESULTS / f"run-{run}-ncu.tar.gz") as packed:
+        packed.extractall(tmp_path, filter="data")
+    assert _reprint("ncu_summary.py", str(tmp_path)) == (RESULTS / f"ncu-run-{run}.md").read_text().strip()
