@@ -31,6 +31,7 @@ def _reprint(script: str, *args: str) -> str:
     ("launches-run-3-by-inline-fn-split.md", "run-3-trials.csv", "mhc_glue_fwd", "INLINE_FN_SPLIT", "0"),
     ("launches-run-3-by-pdl.md", "run-3-trials.csv", "mhc_glue_fwd", "PDL", "0"),
     ("launches-run-3-by-gates-block-n.md", "run-3-trials.csv", "mhc_glue_fwd", "GATES_BLOCK_N", "0"),
+    ("tma-16384-run-4-by-tma.md", "run-4-trials.csv", "mhc_glue_bwd", "TMA", "0"),
 ])
 def test_best_by_param_tables_reprint(summary, trials, kernel, param, reference):
     printed = _reprint("best_by_param.py", str(RESULTS / trials), param, "--kernel", kernel, "--reference", reference)
@@ -40,9 +41,9 @@ def test_best_by_param_tables_reprint(summary, trials, kernel, param, reference)
 def test_bench_summaries_reprint():
     assert _reprint("attention_summary.py", str(RESULTS / "run-1-kernels.json")) == \
         (RESULTS / "compressor-summary-run-1.md").read_text().strip()
-    for run in (2, 3):
+    for summary, run in (("glue-fwd-summary", 2), ("glue-fwd-summary", 3), ("glue-bwd-summary", 4)):
         printed = _reprint("block_kernels_summary.py", str(RESULTS / f"run-{run}-kernels.json"))
-        assert printed == (RESULTS / f"glue-fwd-summary-run-{run}.md").read_text().strip()
+        assert printed == (RESULTS / f"{summary}-run-{run}.md").read_text().strip()
     assert "| mhc_glue_fwd | T=4096 D=4096 | graph | 23% | 65% |" in (RESULTS / "glue-fwd-summary-run-2.md").read_text()
 
 
