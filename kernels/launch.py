@@ -11,7 +11,9 @@ launch metadata, then calls the compiled launcher. Most of the kernels' launches
 a few microseconds of device time, so an eager step calling them back to back waits on the host.
 ``launch`` therefore keeps each compiled kernel under a key of its own: the kernel, the device,
 the constexprs and options, and per argument what Triton specializes on (a tensor's dtype and
-16-byte alignment; an integer's being 1, a multiple of 16, and its width). A key it has seen
+16-byte alignment; an integer's being 1, a multiple of 16, and its width; a host-built TMA
+descriptor's dtype and block shape, its shape, strides and padding being read by the launcher at
+each launch). A key it has seen
 calls the compiled launcher directly; the first launch of a key, and any launch it cannot key
 (another argument type, Triton's launch hooks set, a kernel whose constexprs do not follow its
 other arguments), goes through ``JITFunction.run``. Triton's compile-time knobs (``debug``,
@@ -28,6 +30,7 @@ import torch
 from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.arch import INTERPRETER_ARCH, current_arch
 
@@ -116,6 +119,8 @@ def _arg_key(arg: Any) -> Any:
     """What Triton 3.6 specializes an argument on (``native_specialize_impl``), or ``_UNKEYABLE``."""
     if isinstance(arg, torch.Tensor):
         return arg.dtype, arg.data_ptr() % 16 == 0
+    if type(arg) is TensorDescriptor:  # a host-built TMA descriptor: the launcher encodes it at each launch
+        return TensorDescriptor, arg.base.dtype, tuple(arg.block_shape)
     if isinstance(arg, bool):
         return bool, arg
     if isinstance(arg, int):

@@ -8,6 +8,7 @@ import pytest
 import torch
 import triton.language as tl
 from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import launch as launch_module
 
@@ -88,6 +89,24 @@ def test_what_triton_specializes_on_misses_the_cache(gpu_like, change):
     else:
         launch_module.launch(kernel, (3, 2), (x, 32, 0.5), {"BLOCK": 64, "FLAG": True}, {"num_warps": 8})
     assert len(runs) == 2 and not compiled.calls
+
+
+def test_tma_descriptors_are_keyed_on_dtype_and_block_shape(gpu_like):
+    """Triton 3.6 specializes a host-built descriptor on its dtype and block shape only; its launcher
+    reads the base, shape, strides and padding at each launch, so those may differ in a cached one."""
+    kernel, compiled, runs = gpu_like
+    x, y = torch.zeros(64, 64), torch.zeros(128, 32)
+
+    def launch_desc(desc):
+        launch_module.launch(kernel, (1,), (desc, 32, 0.5), {"BLOCK": 64, "FLAG": True}, {})
+
+    launch_desc(TensorDescriptor.from_tensor(x, [16, 16]))
+    other = TensorDescriptor(y, [100, 32], [32, 1], [16, 16], padding="nan")
+    launch_desc(other)  # another tensor, shape and padding: the same compiled kernel
+    assert len(runs) == 1 and compiled.calls[0][9] is other
+    launch_desc(TensorDescriptor.from_tensor(x, [16, 32]))  # another block shape
+    launch_desc(TensorDescriptor.from_tensor(x.double(), [16, 16]))  # another dtype
+    assert len(runs) == 3 and len(compiled.calls) == 1
 
 
 def test_launches_it_cannot_key_go_through_triton(gpu_like, monkeypatch):
