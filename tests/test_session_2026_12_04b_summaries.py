@@ -1,7 +1,8 @@
 """The 2026-12-04b write-up's tables reprint from the committed raw results, by the committed
 scripts: the sweeps' best config per parameter value (``bench/best_by_param.py``), the benches'
-summaries (``bench/attention_summary.py``, ``bench/block_kernels_summary.py``) and Nsight Compute's
-counters (``bench/ncu_summary.py``)."""
+summaries (``bench/attention_summary.py``, ``bench/block_kernels_summary.py``), the launch-cache
+check (``bench/launch_cache_check.py --summary``) and Nsight Compute's counters
+(``bench/ncu_summary.py``)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,12 @@ def test_bench_summaries_reprint():
         printed = _reprint("block_kernels_summary.py", str(RESULTS / f"run-{run}-kernels.json"))
         assert printed == (RESULTS / f"{summary}-run-{run}.md").read_text().strip()
     assert "| mhc_glue_fwd | T=4096 D=4096 | graph | 23% | 65% |" in (RESULTS / "glue-fwd-summary-run-2.md").read_text()
+
+
+def test_launch_cache_summary_reprints():
+    printed = _reprint("launch_cache_check.py", "--summary", str(RESULTS / "run-5-launch-cache-tma.json"))
+    assert printed == (RESULTS / "launch-cache-tma-summary.md").read_text().strip()
+    assert "| mhc_glue_bwd | tokens=16384,hidden=4096 | tuned | 3 | 272.1 | 218.5 | 0.80 |" in printed
 
 
 @pytest.mark.parametrize("run", [1, 2])
