@@ -162,8 +162,8 @@ def glue_fused_gates_specs() -> list[tuple[str, dict]]:
 
 # 128-token blocks beside 64 (every program reads its split's chunk of fn, as many bytes as of h at
 # 64 tokens, half at 128; the projection kernel ran at 83% of L2 throughput, 2026-12-02), and the
-# gates launch over 16-64-token blocks (64-token blocks are 64 programs at 4,096 tokens), at both
-# 4,096-token shapes; the committed tiling is in the grid.
+# gates launch over 16-token blocks or the projection's (64-token blocks are 64 programs at 4,096
+# tokens), at both 4,096-token shapes; the committed tiling is in the grid.
 GLUE_WIDE_BLOCKS_SPACE = GLUE_4096_SPACE | {"BLOCK_N": [64, 128], "BLOCK_K": [32, 64], "GATES_BLOCK_N": [0, 16],
                                             "num_stages": [3]}
 
