@@ -27,7 +27,9 @@ import os
 from typing import Any
 
 import torch
+import triton
 from triton import knobs
+from triton.runtime import _allocation
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -57,6 +59,20 @@ def tma_ready(t: torch.Tensor) -> bool:
 def tma_usable(config: dict[str, Any], *tensors: torch.Tensor) -> bool:
     """Whether ``config`` asks for TMA (its ``TMA`` knob) and a descriptor can address every one of ``tensors``."""
     return bool(config.get("TMA")) and all(tma_ready(t) for t in tensors)
+
+
+def _torch_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Global scratch for a launch, from torch's caching allocator on the current device and stream
+    (its blocks are 512-byte aligned, more than Triton asks)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_scratch_allocator() -> None:
+    """Let Triton take kernels' global scratch (device-built TMA descriptors) from torch, unless this
+    thread has an allocator already. Triton keeps it in a context variable, which every thread starts
+    without: autograd's backward threads too, so it is set at the launch, not once at import."""
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_torch_scratch)
 
 
 def check_gluon(form: str, misfit: str | None) -> None:

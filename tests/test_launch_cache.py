@@ -4,9 +4,13 @@ compiled launcher with the arguments ``JITFunction.run`` would. The launcher its
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
+import triton
 import triton.language as tl
+from triton.runtime import _allocation
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -147,3 +151,33 @@ def test_the_interpreter_is_never_cached(monkeypatch):
     monkeypatch.setattr(launch_module, "current_arch", lambda: launch_module.INTERPRETER_ARCH)
     kernel = JITFunction(_kernel_body)
     assert launch_module._launch_key(kernel, (torch.zeros(4), 3, 0.5), {"BLOCK": 4}) is None
+
+
+def _in_a_new_thread(body):
+    """``body()``'s result, run in a thread of its own (which starts without Triton's allocator, as
+    autograd's backward threads do)."""
+    result = []
+    thread = threading.Thread(target=lambda: result.append(body()))
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+def test_the_scratch_allocator_is_set_in_each_launching_thread_unless_it_has_one():
+    def fresh_thread():
+        before = _allocation._allocator.get()
+        launch_module.ensure_scratch_allocator()
+        return before, _allocation._allocator.get()
+
+    before, after = _in_a_new_thread(fresh_thread)
+    assert isinstance(before, _allocation.NullAllocator) and after is launch_module._torch_scratch
+
+    def own_allocator():
+        def mine(size, alignment, stream):
+            return torch.empty(size, dtype=torch.int8)
+        triton.set_allocator(mine)
+        launch_module.ensure_scratch_allocator()
+        return _allocation._allocator.get() is mine
+
+    assert _in_a_new_thread(own_allocator)
+
