@@ -44,9 +44,12 @@ fp32 registers across chunks.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.arch import INTERPRETER_ARCH, current_arch
 from kernels.grouped_gemm import _mma
@@ -300,12 +303,12 @@ def _glue_bwd_kernel(
     logit rows, which sm_90 runs as wgmma (M >= 64). With TMA, the h, d_proj and dh tiles move by the
     tensor-memory accelerator, past the tokens zero-filled on load and clipped on store, where
     pointers cost per-element addresses and masks in the L1 path (the kernel's limit under Nsight
-    Compute, 2026-12-02). Each program builds the descriptors itself: encoding them on the host cost
-    38 us a call at 4,096 tokens (H200, 2026-12-04b), more than TMA saved on the device. d_proj's
-    ``[2, tokens, 32]`` descriptor reads one part at a time, so the high part's rows past the tokens
-    are zeros, not the low part's."""
+    Compute, 2026-12-02): TMA 1 takes descriptors encoded on the host (``_glue_bwd_operands``; 38 us
+    a call at 4,096 tokens on the H200, 2026-12-04b), TMA 2 the tensors, and each program builds
+    the descriptors on the device. d_proj's ``[2, tokens, 32]`` descriptor reads one part at a time,
+    so the high part's rows past the tokens are zeros, not the low part's."""
     slab = tl.program_id(0)
-    if TMA:
+    if TMA == 2:
         h_ref = tl.make_tensor_descriptor(h_ref, [n_tokens, width], [width, 1], [BLOCK_N, BLOCK_K])
         dh_ref = tl.make_tensor_descriptor(dh_ref, [n_tokens, width], [width, 1], [BLOCK_N, BLOCK_K])
         dproj_ref = tl.make_tensor_descriptor(dproj_ref, [2, n_tokens, _LOGITS_PAD],
@@ -452,6 +455,22 @@ def _glue_forward(
     return pre, post, comb, m, rstd
 
 
+def _glue_bwd_operands(h: torch.Tensor, dproj: torch.Tensor, dh: torch.Tensor,
+                       config: Config) -> tuple[Any, Any, Any, int]:
+    """The main backward kernel's h, d_proj and dh arguments and its TMA mode: the tensors (pointers, or
+    TMA 2, whose descriptors the kernel builds), or with TMA 1 host-encoded descriptors over them (h and
+    dh ``[tokens, 4D]`` in ``[BLOCK_N, BLOCK_K]`` boxes; d_proj ``[2, tokens, 32]`` in one part's
+    ``[1, BLOCK_N, 32]`` box). Tensors TMA cannot address take the pointer path."""
+    if not tma_usable(config, h, dproj, dh):
+        return h, dproj, dh, 0
+    if config["TMA"] == 2:
+        ensure_scratch_allocator()  # the kernel's descriptors live in Triton's global scratch
+        return h, dproj, dh, 2
+    box = [config["BLOCK_N"], config["BLOCK_K"]]
+    return (TensorDescriptor.from_tensor(h, box), TensorDescriptor.from_tensor(dproj, [1, config["BLOCK_N"], _N_PAD]),
+            TensorDescriptor.from_tensor(dh, box), 1)
+
+
 def _glue_backward(
     h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, m: torch.Tensor,
     rstd: torch.Tensor, dpre: torch.Tensor, dpost: torch.Tensor, dcomb: torch.Tensor, config: Config,
@@ -477,13 +496,11 @@ def _glue_backward(
         {"num_warps": 4},
         compile_only,
     )
-    tma = tma_usable(config, h, dproj, dh)  # tensors TMA cannot address take the pointer path
-    if tma:
-        ensure_scratch_allocator()  # the kernel's descriptors live in Triton's global scratch
+    h_ref, dproj_ref, dh_ref, tma = _glue_bwd_operands(h, dproj, dh, config)
     launch(
         _glue_bwd_kernel,
         (slabs, cdiv(width, config["BLOCK_K"])),
-        (h, fn, dproj, drstd, dh, dfn_partial, n_tokens, width, tokens_per_slab),
+        (h_ref, fn, dproj_ref, drstd, dh_ref, dfn_partial, n_tokens, width, tokens_per_slab),
         {"BLOCK_N": block_n, "BLOCK_K": config["BLOCK_K"], "DFN_TRANSPOSED": bool(config.get("DFN_TRANSPOSED")),  # older configs lack it
          "TMA": tma, "UPCAST": current_arch() == INTERPRETER_ARCH},
         config,

@@ -216,6 +216,9 @@ CONFIGS = {
         # by TMA descriptors: token tiles past the tokens and 4D chunks past 4D zero-filled and clipped
         {"BLOCK_N": 16, "BLOCK_K": 64, "SLABS": 2, "DFN_TRANSPOSED": 0, "TMA": 1, "num_warps": 4, "num_stages": 2},
         {"BLOCK_N": 64, "BLOCK_K": 128, "SLABS": 1, "DFN_TRANSPOSED": 1, "TMA": 1, "num_warps": 4, "num_stages": 1},
+        # descriptors built by each program on the device
+        {"BLOCK_N": 16, "BLOCK_K": 64, "SLABS": 2, "DFN_TRANSPOSED": 0, "TMA": 2, "num_warps": 4, "num_stages": 2},
+        {"BLOCK_N": 64, "BLOCK_K": 128, "SLABS": 1, "DFN_TRANSPOSED": 1, "TMA": 2, "num_warps": 4, "num_stages": 1},
     ],
     **{
         name: [
