@@ -42,7 +42,8 @@ def test_best_by_param_tables_reprint(summary, trials, kernel, param, reference)
 def test_bench_summaries_reprint():
     assert _reprint("attention_summary.py", str(RESULTS / "run-1-kernels.json")) == \
         (RESULTS / "compressor-summary-run-1.md").read_text().strip()
-    for summary, run in (("glue-fwd-summary", 2), ("glue-fwd-summary", 3), ("glue-bwd-summary", 4)):
+    for summary, run in (("glue-fwd-summary", 2), ("glue-fwd-summary", 3), ("glue-bwd-summary", 4),
+                         ("glue-bwd-summary", 7)):
         printed = _reprint("block_kernels_summary.py", str(RESULTS / f"run-{run}-kernels.json"))
         assert printed == (RESULTS / f"{summary}-run-{run}.md").read_text().strip()
     assert "| mhc_glue_fwd | T=4096 D=4096 | graph | 23% | 65% |" in (RESULTS / "glue-fwd-summary-run-2.md").read_text()
