@@ -263,6 +263,11 @@ GLUE_BWD_SLABS_SPACE = GLUE_BWD_TRANSPOSED_WIDE_SPACE | {"BLOCK_K": [64], "SLABS
 # pointers.
 GLUE_BWD_TMA_SPACE = GLUE_BWD_TRANSPOSED_WIDE_SPACE | {"BLOCK_K": [64, 128], "SLABS": [2, 8], "TMA": [0, 1]}
 
+# Host-encoded (TMA 1) against device-built (TMA 2) descriptors, beside pointers, in the committed
+# 64 x 64 transposed tilings, at every glue shape (2026-12-04b: device-built ones cost the host no
+# encoding, and may cost the 16,384-token entries 1-3% of device time; never compared in one run).
+GLUE_BWD_TMA_MODES_SPACE = GLUE_BWD_TMA_SPACE | {"BLOCK_K": [64], "num_warps": [4], "TMA": [0, 1, 2]}
+
 
 def glue_bwd_grid_specs(name: str, space: dict, min_tokens: int = 0) -> list[tuple[str, dict]]:
     """The glue-bwd-transposed grid's shapes (those of at least ``min_tokens`` tokens) over another ``space``."""
@@ -721,6 +726,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     # At 4,096 tokens an eager call is host-bound and TMA adds host time (2026-12-02f write-up):
     # the same grid at the 16,384-token shapes only.
     "glue-bwd-tma-16384": lambda: glue_bwd_grid_specs("tma-16384", GLUE_BWD_TMA_SPACE, min_tokens=16384),
+    "glue-bwd-tma-modes": lambda: glue_bwd_grid_specs("tma-modes", GLUE_BWD_TMA_MODES_SPACE),
     "indexer-select": indexer_select_specs,
     "indexer-scoring-and-select": indexer_scoring_and_select_specs,
     "indexer-late-sum": indexer_late_sum_specs,

@@ -52,3 +52,10 @@ def test_plain_handoff_group_sweeps_ptx_modes_beside_the_committed_entries(tmp_p
         assert {p: v for p, (v,) in spec.space.items() if p in entry} == entry
     grids = [s for name, s in specs.items() if name.endswith("-grid") and s.kernel == "sparse_attn_bwd"]
     assert len(grids) == 12 and all(s.space["PTX_BARRIER"] == [0, 1, 2] for s in grids)
+
+
+def test_tma_modes_group_compares_every_descriptor_form_at_every_glue_shape(tmp_path, monkeypatch):
+    run_main(monkeypatch, str(tmp_path / "specs"), "glue-bwd-tma-modes")
+    [spec] = (yaml.safe_load(p.read_text()) for p in (tmp_path / "specs").glob("*.yaml"))
+    parse_spec(spec)
+    assert spec["space"]["TMA"] == [0, 1, 2] and len(spec["shapes"]) == 4
