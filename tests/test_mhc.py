@@ -291,3 +291,13 @@ def test_bytes_moved_counts_each_tensor_once():
     assert registry.get("mhc_collapse_bwd").bytes_moved(shape) == 2 * residual + row + 4 * 8 * tokens
     assert registry.get("mhc_expand_fwd").bytes_moved(shape) == 2 * residual + row + 4 * 20 * tokens
     assert registry.get("mhc_expand_bwd").bytes_moved(shape) == 3 * residual + 2 * row + 4 * 40 * tokens
+
+
+def test_glue_backward_tma_forms_stage_the_same_shared_memory():
+    """Host-encoded (TMA 1) and device-built (TMA 2) descriptors stage the same dh tile: a config at
+    the sm_90 budget with one fits with the other (TMA is a mode, not a count)."""
+    space = load_space("mhc_glue_bwd")
+    config = {"BLOCK_N": 64, "BLOCK_K": 256, "SLABS": 2, "DFN_TRANSPOSED": 1, "num_warps": 8, "num_stages": 1}
+    shape = {"tokens": 4096, "hidden": 4096}
+    assert [space.violation({**config, "TMA": mode}, shape, "sm_90") for mode in (1, 2)] == [None, None]
+    assert "shared memory" in space.violation({**config, "TMA": 2, "num_stages": 2}, shape, "sm_90")
