@@ -71,6 +71,7 @@ from kernels.host_math import cdiv, next_pow2
 from kernels.launch import launch
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
+from kernels.zero_at_rest import last_to_arrive
 
 CSA_RATIO = 4  # the only ratio whose windows overlap (coff = 2), as in the V4 reference
 _BF16_BYTES = 2
@@ -180,12 +181,7 @@ def _compressor_bwd_kernel(
         dape += tl.sum(dlogit, axis=0)
     if DAPE_LAST:
         tl.atomic_add(acc_ptr + ape_offsets, dape, mask=ape_mask, sem="relaxed")
-        # Every thread's adds before the release; the last arrival reads the others' after its
-        # acquire (the split-K semaphore pattern, as the mHC glue's FUSED_GATES).
-        tl.debug_barrier()
-        arrived = tl.atomic_add(arrivals_ptr + channel_block, 1, sem="acq_rel", scope="gpu")
-        tl.debug_barrier()
-        if arrived == tl.num_programs(slab_axis) - 1:
+        if last_to_arrive(arrivals_ptr, channel_block, tl.num_programs(slab_axis)):
             total = tl.load(acc_ptr + ape_offsets, mask=ape_mask, other=0.0, cache_modifier=".cg")
             tl.store(dape_ptr + ape_offsets, total.to(dape_ptr.dtype.element_ty), mask=ape_mask)
             tl.store(acc_ptr + ape_offsets, tl.zeros_like(total), mask=ape_mask)

@@ -13,10 +13,9 @@ a few microseconds of device time, so an eager step calling them back to back wa
 the constexprs and options, and per argument what Triton specializes on (a tensor's dtype and
 16-byte alignment; an integer's being 1, a multiple of 16, and its width; a host-built TMA
 descriptor's dtype and block shape, its shape, strides and padding being read by the launcher at
-each launch). A key it has seen
-calls the compiled launcher directly; the first launch of a key, and any launch it cannot key
-(another argument type, Triton's launch hooks set, a kernel whose constexprs do not follow its
-other arguments), goes through ``JITFunction.run``. Triton's compile-time knobs (``debug``,
+each launch). A key it has seen calls the compiled launcher directly; the first launch of a key,
+and any launch it cannot key (another argument type, Triton's launch hooks set, a kernel whose
+constexprs do not follow its other arguments), goes through ``JITFunction.run``. Triton's compile-time knobs (``debug``,
 instrumentation) are those of a key's first launch. ``TUNER_LAUNCH_CACHE=0`` turns it off.
 """
 

@@ -58,6 +58,7 @@ from kernels.launch import ensure_scratch_allocator, launch, tma_usable
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.rmsnorm import _tile
 from kernels.tuning import resolve
+from kernels.zero_at_rest import last_to_arrive
 
 STREAMS = 4
 DEFAULT_EPS = 1e-6
@@ -229,12 +230,7 @@ def _glue_fwd_kernel(
         tl.store(part_ptr + rows[:, None] + logits[None, :], proj, mask=mask[:, None])
         tl.store(part_ptr + rows + _LOGITS_PAD, sum_sq, mask=mask)
         if FUSED_GATES:
-            # Every thread's stores before the release; the last arrival reads the others' after its
-            # acquire (the split-K semaphore pattern).
-            tl.debug_barrier()
-            arrived = tl.atomic_add(arrivals_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
-            tl.debug_barrier()
-            if arrived == SPLIT_K - 1:
+            if last_to_arrive(arrivals_ptr, tl.program_id(0), SPLIT_K):
                 total, total_sq = _sum_partials(part_ptr, tokens, logits, n_tokens, BLOCK_N, SPLIT_K, True)
                 _glue_gates(total, total_sq, tokens, logits, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
                             m_ptr, rstd_ptr, n_tokens, width, eps)

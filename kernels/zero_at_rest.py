@@ -13,11 +13,16 @@ one after another, so they may share a slot; launches on different streams share
 ``SLOTS`` launches have been handed out in between while the first still runs. A request larger
 than the slots, or made in a graph capture before any slot exists, gets scratch of its own,
 zeroed by a fill (inside the graph, when capturing).
+
+``last_to_arrive`` is the device side: a program counts its arrival and learns whether it is the
+last, which then sees every other program's writes (the split-K semaphore pattern).
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 SLOTS = 16
 SLOT_FLOATS = 1 << 16  # an HCA dape, [128, 512]
@@ -43,6 +48,16 @@ def take(device: torch.device, floats: int, counters: int) -> tuple[int, torch.T
             return slot, acc, arrivals
     return (-1, torch.zeros(floats, dtype=torch.float32, device=device),
             torch.zeros(counters, dtype=torch.int32, device=device))
+
+
+@triton.jit
+def last_to_arrive(arrivals_ptr, index, programs):
+    """Count this program's arrival at counter ``index``; whether it is the last of ``programs``. Every
+    thread's writes come before the release, and the last arrival reads the others' after its acquire."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrivals_ptr + index, 1, sem="acq_rel", scope="gpu")
+    tl.debug_barrier()
+    return arrived == programs - 1
 
 
 def restore(device: torch.device, slot: int) -> None:

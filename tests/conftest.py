@@ -80,4 +80,3 @@ def fresh_lookup():
     tuning.clear_cache()
     yield
     tuning.clear_cache()
-
