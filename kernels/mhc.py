@@ -914,7 +914,7 @@ def _glue_default(shape: Shape, backward: bool) -> Config:
         blocks = cdiv(tokens, block_n)
         split = min(next_pow2(cdiv(_FILL_PROGRAMS, blocks)), max(1, 4 * shape["hidden"] // 512))
         # FUSED_GATES 0: 4% slower than the gates launch at 4,096 tokens (H200 grid, 2026-12-04); the
-        # gates launch over 16-token blocks, 256 programs at 4,096 tokens (1.6% faster there, 2026-12-04b)
+        # gates launch over 16-token blocks, 256 programs at 4,096 tokens (1.4-1.6% faster there, 2026-12-04b)
         return {"BLOCK_N": block_n, "BLOCK_K": 64, "SPLIT_K": split, "FUSED_GATES": 0,
                 "GATES_BLOCK_N": 16 if split > 1 else 0, "num_warps": 4, "num_stages": 3}
     slabs = 16 if cdiv(tokens, block_n) >= 16 else 8
