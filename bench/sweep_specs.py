@@ -223,8 +223,9 @@ ATTENTION_BWD_UNCHAINED_32_SPACE = ATTENTION_BWD_UNCHAINED_SPACE | {"TILE_K": [1
                                                                    "UNCHAINED": [1], "PTX_BARRIER": [0, 1]}
 
 
-# The indexer's grids run before HEAD_SPLITS and GLUON existed: the heads in one program, Triton's scoring.
-INDEXER_TRITON_UNSPLIT = {"HEAD_SPLITS": [1], "GLUON": [0]}
+# The indexer's grids run before HEAD_SPLITS, GLUON and KEY_ROWS existed: the heads in one program,
+# Triton's scoring with (query, head) rows.
+INDEXER_TRITON_UNSPLIT = {"HEAD_SPLITS": [1], "GLUON": [0], "KEY_ROWS": [0]}
 
 
 # The indexer's scoring with the key range as a grid axis (KEY_TILES) against the one-axis grid,
@@ -640,7 +641,7 @@ INDEXER_TMA_HEAD_BLOCKS_SPACE = {"BLOCK_S": [8, 16, 32], "BLOCK_H": [2, 4, 8], "
 # Each shape's selection is held at its committed entry.
 INDEXER_ONE_HEAD_SPLITS_SPACE = {"BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [64, 128], "KEY_TILES": [1],
                                  "LATE_HEAD_SUM": [0], "TMA": [1], "num_warps": [4], "num_stages": [3],
-                                 "maxnreg": [None], "HEAD_SPLITS": [1, 2, 4], "GLUON": [0]}
+                                 "maxnreg": [None], "HEAD_SPLITS": [1, 2, 4], "GLUON": [0], "KEY_ROWS": [0]}
 
 
 def indexer_head_splits_specs() -> list[tuple[str, dict]]:
@@ -652,7 +653,7 @@ def indexer_head_splits_specs() -> list[tuple[str, dict]]:
         if shape["seq"] == 4096:
             for n, tiling in enumerate(tilings):
                 space = {p: [tiling[p]] for p in INDEXER_SCORING_PARAMS} | {"TMA": [tiling.get("TMA", 0)]}
-                space |= {"KEY_TILES": [0, 1], "HEAD_SPLITS": [1, 2, 4], "GLUON": [0]} | held
+                space |= {"KEY_TILES": [0, 1], "HEAD_SPLITS": [1, 2, 4], "GLUON": [0], "KEY_ROWS": [0]} | held
                 specs.append((f"{name}-tiling-{n}", grid_spec("indexer_fwd", [shape], space)))
         specs.append((f"{name}-one-head", grid_spec("indexer_fwd", [shape], INDEXER_ONE_HEAD_SPLITS_SPACE | held)))
     return specs
@@ -684,7 +685,7 @@ def indexer_beside_committed_specs(label: str, space: dict, seq: int | None = No
 # The sm_90 Gluon scoring (GLUON 1: asynchronous warpgroup MMAs, each head's epilogue under the
 # next head's dot) over its tilings and q ring depths, beside each shape's committed entry, at
 # every indexer shape, each shape's selection held at its committed entry.
-INDEXER_GLUON_SPACE = {"GLUON": [1], "BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [128, 256], "KEY_TILES": [1],
+INDEXER_GLUON_SPACE = {"GLUON": [1], "KEY_ROWS": [0], "BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [128, 256], "KEY_TILES": [1],
                        "LATE_HEAD_SUM": [0], "TMA": [0], "HEAD_SPLITS": [1], "num_warps": [4, 8],
                        "num_stages": [3, 4], "maxnreg": [None]}
 
@@ -692,6 +693,17 @@ INDEXER_GLUON_SPACE = {"GLUON": [1], "BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T":
 # Its first H200 grid with unserialized MMAs (2026-12-03e) was fastest at its deepest q ring (4
 # slots, 10-16% faster than 3) and one warpgroup: 4 and 5 slots (2 programs an SM at 112 KiB).
 INDEXER_GLUON_RING_SPACE = INDEXER_GLUON_SPACE | {"BLOCK_T": [128], "num_warps": [4], "num_stages": [4, 5]}
+
+
+# The scoring's dot turned around (KEY_ROWS 1): keys down its rows, every head of 1-4 queries across
+# its columns, so a query's 64 heads are summed inside a warp instead of across the four warps of a
+# warpgroup, the cost 2026-12-02e named when every head in one (query, head) row block lost by
+# 1.5x. The block's q is loaded once a program. Beside each sequence-4,096 entry (where the
+# indexer misses 2x its floor), its selection held. Offline on sm_90, 2 queries x 64 keys take 121
+# registers (4 programs an SM), 4 queries 239 (bench/offline_sm90_indexer_key_rows.sh).
+INDEXER_KEY_ROWS_SPACE = {"KEY_ROWS": [1], "BLOCK_S": [1, 2, 4], "BLOCK_H": [64], "BLOCK_T": [64, 128],
+                          "KEY_TILES": [0, 4], "LATE_HEAD_SUM": [0], "TMA": [0], "num_warps": [4, 8],
+                          "num_stages": [2, 3], "maxnreg": [None], "HEAD_SPLITS": [1], "GLUON": [0]}
 
 
 
@@ -769,6 +781,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-three-per-sm": lambda: indexer_beside_committed_specs("three-per-sm", INDEXER_THREE_PER_SM_SPACE, 4096),
     "indexer-gluon": lambda: indexer_beside_committed_specs("gluon", INDEXER_GLUON_SPACE),
     "indexer-gluon-ring": lambda: indexer_beside_committed_specs("gluon", INDEXER_GLUON_RING_SPACE),
+    "indexer-key-rows": lambda: indexer_beside_committed_specs("key-rows", INDEXER_KEY_ROWS_SPACE, 4096),
 }
 
 

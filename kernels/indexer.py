@@ -25,9 +25,13 @@ Two launches, tuned together as ``indexer_fwd``:
   ``[BLOCK_S, BLOCK_T]`` fp32 accumulator; or, with ``LATE_HEAD_SUM``, into a
   ``[BLOCK_S * BLOCK_H, BLOCK_T]`` one whose heads are summed once per key tile (no
   cross-lane sums in the head loop, for BLOCK_H times the registers; the H200 sweeps of
-  2026-12-02 chose it at every shape). With ``BLOCK_H`` covering every head, the block's q rows
-  are loaded once per program instead of once per key tile. ``TMA`` loads the q and key tiles
-  through TMA descriptors: one instruction a tile instead of per-element addresses (the sm_90
+  2026-12-02 chose it at every shape). ``KEY_ROWS`` turns the dot around: the key tile's rows
+  against the (query, head) rows as its columns, so a query's heads, adjacent columns, are summed
+  inside a warp (within each thread, then across lanes) instead of across the warps that hold the
+  (query, head) rows; the tile is stored transposed. With ``BLOCK_H`` covering every head, the
+  block's q rows are loaded once per program instead of once per key tile (with (query, head)
+  rows, 1.5x slower on the H200, 2026-12-02e, the head sum crossing warps at every key tile).
+  ``TMA`` loads the q and key tiles through TMA descriptors: one instruction a tile instead of per-element addresses (the sm_90
   head loop compiles to 214 instructions instead of 255 at 64 queries x 256 keys on 8 warps,
   Triton 3.6; on the H200, 2026-12-02, 14-15% faster at each shape's best one-head tiling).
   ``HEAD_SPLITS`` > 1 spreads the heads over that many programs (a third grid axis), each storing
@@ -134,15 +138,29 @@ def _query_rows(q_ref, w_ptr, batch, seq, heads, dim, s0, row_query, row_head, h
 
 
 @triton.jit
+def _head_sum(x, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, KEY_ROWS: tl.constexpr):
+    """``x``'s (query, head) rows, or with KEY_ROWS columns, summed over each query's heads."""
+    if KEY_ROWS:
+        summed = tl.sum(tl.reshape(x, [BLOCK_T, BLOCK_S, BLOCK_H]), axis=2)
+    else:
+        summed = tl.sum(tl.reshape(x, [BLOCK_S, BLOCK_H, BLOCK_T]), axis=1)
+    return summed
+
+
+@triton.jit
 def _add_head_block(acc, scores, w, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
-                    LATE_HEAD_SUM: tl.constexpr):
-    """``acc`` plus one head block's ReLU'd, w-weighted dot result ``scores``, its heads summed unless
-    LATE_HEAD_SUM keeps (query, head) rows (or the block is one head)."""
-    part = tl.maximum(scores, 0.0) * w[:, None]
+                    LATE_HEAD_SUM: tl.constexpr, KEY_ROWS: tl.constexpr):
+    """``acc`` plus one head block's ReLU'd, w-weighted dot result ``scores`` (``[BLOCK_S * BLOCK_H,
+    BLOCK_T]``, or ``[BLOCK_T, BLOCK_S * BLOCK_H]`` with KEY_ROWS), its heads summed unless
+    LATE_HEAD_SUM keeps the (query, head) rows (or the block is one head)."""
+    if KEY_ROWS:
+        part = tl.maximum(scores, 0.0) * w[None, :]
+    else:
+        part = tl.maximum(scores, 0.0) * w[:, None]
     if BLOCK_H == 1 or LATE_HEAD_SUM:
         acc += part
     else:
-        acc += tl.sum(tl.reshape(part, [BLOCK_S, BLOCK_H, BLOCK_T]), axis=1)
+        acc += _head_sum(part, BLOCK_S, BLOCK_H, BLOCK_T, KEY_ROWS)
     return acc
 
 
@@ -151,7 +169,7 @@ def _score_kernel(
     q_ref, k_ref, w_ptr, scores_ptr, seq, n_keys, heads, dim, ratio, split_heads, split_stride,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, KEY_TILES: tl.constexpr,
     LATE_HEAD_SUM: tl.constexpr, DIM_PAD: tl.constexpr, UPCAST: tl.constexpr, ONE_HEAD_BLOCK: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, KEY_ROWS: tl.constexpr,
 ):
     # This program's heads (``split_heads``, a multiple of BLOCK_H, from the third grid axis's split:
     # a head block never straddles two splits) and its split's partial score buffer.
@@ -184,10 +202,12 @@ def _score_kernel(
         else:
             k = tl.load(k_ref + (batch * n_keys + keys).to(tl.int64)[:, None] * dim + dims[None, :],
                         mask=(keys < end)[:, None] & dim_mask[None, :], other=0.0)
-        k = tl.trans(k)
         # LATE_HEAD_SUM keeps a (query, head) row accumulator over the head loop and sums its heads
         # once per key tile: BLOCK_H times the registers, none of the cross-lane sums per head block.
-        acc = tl.zeros([BLOCK_S * BLOCK_H if LATE_HEAD_SUM else BLOCK_S, BLOCK_T], dtype=tl.float32)
+        if KEY_ROWS:
+            acc = tl.zeros([BLOCK_T, BLOCK_S * BLOCK_H if LATE_HEAD_SUM else BLOCK_S], dtype=tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_S * BLOCK_H if LATE_HEAD_SUM else BLOCK_S, BLOCK_T], dtype=tl.float32)
         for h0 in range(head_begin, head_end, BLOCK_H):
             if ONE_HEAD_BLOCK:
                 q = q_all
@@ -195,11 +215,19 @@ def _score_kernel(
             else:
                 q, w = _query_rows(q_ref, w_ptr, batch, seq, heads, dim, s0, row_query, row_head, h0, dims, dim_mask,
                                    BLOCK_S, BLOCK_H, DIM_PAD, TMA)
-            acc = _add_head_block(acc, _mma(q, k, UPCAST), w, BLOCK_S, BLOCK_H, BLOCK_T, LATE_HEAD_SUM)
+            if KEY_ROWS:  # keys down the dot's rows, the (query, head) pairs across it
+                scores = _mma(k, tl.trans(q), UPCAST)
+            else:
+                scores = _mma(q, tl.trans(k), UPCAST)
+            acc = _add_head_block(acc, scores, w, BLOCK_S, BLOCK_H, BLOCK_T, LATE_HEAD_SUM, KEY_ROWS)
         if LATE_HEAD_SUM and BLOCK_H > 1:
-            acc = tl.sum(tl.reshape(acc, [BLOCK_S, BLOCK_H, BLOCK_T]), axis=1)
-        tl.store(scores_ptr + (batch * seq + queries).to(tl.int64)[:, None] * n_keys + keys[None, :], acc,
-                 mask=(queries < seq)[:, None] & (keys[None, :] < visible[:, None]))
+            acc = _head_sum(acc, BLOCK_S, BLOCK_H, BLOCK_T, KEY_ROWS)
+        offsets = (batch * seq + queries).to(tl.int64)[:, None] * n_keys + keys[None, :]
+        mask = (queries < seq)[:, None] & (keys[None, :] < visible[:, None])
+        if KEY_ROWS:
+            tl.store(scores_ptr + tl.trans(offsets), acc, mask=tl.trans(mask))
+        else:
+            tl.store(scores_ptr + offsets, acc, mask=mask)
 
 
 # The interpolating search's schedule (``SELECT_INTERP``): passes that only count before the bracket
@@ -399,7 +427,7 @@ def _score_rows(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ratio: int, c
         {"BLOCK_S": config["BLOCK_S"], "BLOCK_H": config["BLOCK_H"], "BLOCK_T": config["BLOCK_T"],
          "KEY_TILES": key_tiles, "LATE_HEAD_SUM": config.get("LATE_HEAD_SUM", 0), "DIM_PAD": dim_pad,
          "UPCAST": current_arch() == INTERPRETER_ARCH, "ONE_HEAD_BLOCK": config["BLOCK_H"] >= split_heads,
-         "TMA": tma},
+         "TMA": tma, "KEY_ROWS": config.get("KEY_ROWS", 0)},
         config,
         compile_only,
     )
@@ -558,7 +586,7 @@ def _default_config(shape: Shape) -> Config:
     2048 keys per program (one S = 8192 row, two S = 4096 rows) over 4 warps."""
     keys_pad = next_pow2(max(1, shape["seq"] // INDEX_RATIO))
     return {"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": min(128, max(16, keys_pad)), "KEY_TILES": 0, "LATE_HEAD_SUM": 0,
-            "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "num_warps": 4, "num_stages": 2,
+            "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0, "num_warps": 4, "num_stages": 2,
             "SELECT_ROWS": min(16, max(1, 2048 // keys_pad), next_pow2(shape["batch"] * shape["seq"])),
             "SELECT_WARPS": 4}
 

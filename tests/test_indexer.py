@@ -168,25 +168,28 @@ def test_outputs_carry_no_gradient():
 CONFIGS = [
     # One head per dot (no head reshape), two key tiles at seq 70.
     {"BLOCK_S": 16, "BLOCK_H": 1, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 1,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0},
     # The same by TMA descriptors, one key tile a program.
     {"BLOCK_S": 16, "BLOCK_H": 1, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 1, "HEAD_SPLITS": 1, "GLUON": 0},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 1, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0},
     # 8 heads per dot; query blocks taller than seq 37 and 48 (one stage: sm_90's shared memory).
     {"BLOCK_S": 64, "BLOCK_H": 8, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 8, "num_stages": 1,
-     "SELECT_ROWS": 16, "SELECT_WARPS": 8, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0},
+     "SELECT_ROWS": 16, "SELECT_WARPS": 8, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0},
     # One key tile a program (the key range as a grid axis).
     {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 8, "SELECT_WARPS": 4, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0},
+     "SELECT_ROWS": 8, "SELECT_WARPS": 4, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0},
     # The heads summed once per key tile, over two key tiles at seq 70.
     {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 2, "SELECT_WARPS": 1, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0},
+     "SELECT_ROWS": 2, "SELECT_WARPS": 1, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0},
     # The interpolating threshold search.
     {"BLOCK_S": 16, "BLOCK_H": 2, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0},
     # The heads over four programs, their partial scores summed by the selection.
     {"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 1, "HEAD_SPLITS": 4, "GLUON": 0},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 1, "HEAD_SPLITS": 4, "GLUON": 0, "KEY_ROWS": 0},
+    # Keys down the dot's rows, every head of 2 queries across it (the q block loaded once).
+    {"BLOCK_S": 2, "BLOCK_H": 64, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 1},
 ]
 
 
@@ -277,9 +280,50 @@ def test_scores_by_tma_descriptors_match_eager(block_s, block_h, heads, dim, lat
     torch.testing.assert_close(scores[visible], reference[visible], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("block_s", "block_h", "key_tiles", "late_head_sum", "tma", "splits"), [
+    (2, 8, 0, 0, 0, 1),   # every head of a query in one block of columns, three key tiles a program
+    (4, 4, 0, 0, 0, 1),   # 6 heads in column blocks of 4, the second ragged, summed per block
+    (4, 4, 1, 1, 0, 1),   # ... summed once a key tile; one key tile a program
+    (8, 2, 0, 0, 1, 1),   # by TMA descriptors
+    (2, 2, 0, 1, 0, 2),   # the heads over two programs, each storing its share
+])
+def test_scores_with_keys_as_the_dot_rows_match_eager(block_s, block_h, key_tiles, late_head_sum, tma, splits):
+    """KEY_ROWS: keys down the dot's rows and (query, head) columns, each query's heads summed across
+    them, stored transposed. Two batch elements, a 3-token tail, 150 queries (37 entries in key
+    tiles of 16, the last ragged), 6 heads."""
+    q, k, w = _gaussian(2, 150, 6, 32, 4, seed=31 + block_h + splits)
+    config = {"BLOCK_S": block_s, "BLOCK_H": block_h, "BLOCK_T": 16, "KEY_TILES": key_tiles,
+              "LATE_HEAD_SUM": late_head_sum, "num_warps": 4, "num_stages": 1, "TMA": tma, "HEAD_SPLITS": splits,
+              "KEY_ROWS": 1}
+    if tma:
+        assert indexer._score_operands(q, k, config, 32)[2], "the TMA path must run"
+    partials = indexer._score_rows(q, k, w, 4, config)
+    reference = index_scores_reference(q, k, w, 4)
+    visible = reference > -float("inf")
+    torch.testing.assert_close(partials.sum(0)[visible], reference[visible], rtol=1e-5, atol=1e-5)
+
+
+def test_key_rows_space_counts_no_restaged_head_sum_and_the_dot_alone_in_registers():
+    """The four-query, 64-head, 64-key KEY_ROWS tiling on 4 warps compiles without spills (offline
+    sm_90); its (query, head)-row twin needs the head sum restaged and more registers than half."""
+    space, shape = load_space("indexer_fwd"), registry.get("indexer_fwd").presets["v4-flash"][0]
+    config = {**registry.get("indexer_fwd").default_config(shape), "BLOCK_S": 4, "BLOCK_H": 64, "BLOCK_T": 64,
+              "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "KEY_ROWS": 1, "num_stages": 2, "maxnreg": None}
+    assert space.violation(config, shape, "sm_90") is None
+    assert "BLOCK_S * (BLOCK_H" in space.violation({**config, "KEY_ROWS": 0}, shape, "sm_90")
+    wide = {**config, "BLOCK_T": 128}  # twice the dot: past half the registers of 4 warps, not of 8
+    assert "not KEY_ROWS" in space.violation(wide, shape, "sm_90")
+    assert space.violation({**wide, "num_warps": 8}, shape, "sm_90") is None
+    # 8 queries x 16 heads x 128 keys, 5 q stages: 192 KiB with the key tile; the row form's restaged
+    # head sum (64 KiB more) does not fit sm_90's 227 KiB.
+    staged = {**config, "BLOCK_S": 8, "BLOCK_H": 16, "BLOCK_T": 128, "num_stages": 5}
+    assert space.violation(staged, shape, "sm_90") is None
+    assert "shared memory" in space.violation({**staged, "num_warps": 8, "KEY_ROWS": 0}, shape, "sm_90")
+
+
 GLUON_CONFIG = {"BLOCK_S": 64, "BLOCK_H": 1, "BLOCK_T": 128, "KEY_TILES": 1, "LATE_HEAD_SUM": 0, "TMA": 0,
-                "HEAD_SPLITS": 1, "GLUON": 1, "num_warps": 4, "num_stages": 3, "SELECT_ROWS": 1, "SELECT_WARPS": 2,
-                "SELECT_INTERP": 1}
+                "HEAD_SPLITS": 1, "GLUON": 1, "KEY_ROWS": 0, "num_warps": 4, "num_stages": 3, "SELECT_ROWS": 1,
+                "SELECT_WARPS": 2, "SELECT_INTERP": 1}
 GLUON_TILINGS = [{"BLOCK_T": t, "num_warps": w, "num_stages": n} for t, w in indexer_sm90.TILES.items()
                  for n in indexer_sm90.STAGES]
 
@@ -318,9 +362,9 @@ def test_gluon_scoring_says_where_it_cannot_run():
         with pytest.raises(ValueError, match="GLUON is the sm_90 form of the indexer's scoring"):
             indexer._score_rows(q, k, w, 4, GLUON_CONFIG)
     assert indexer_sm90.fits(GLUON_CONFIG, 128) is None
-    assert indexer_sm90.fits({**GLUON_CONFIG, "BLOCK_H": 2, "TMA": 1, "BLOCK_T": 256}, 64) == (
-        "BLOCK_H 2 (it needs 1); TMA 1 (it needs 0); BLOCK_T 256 on 4 warps (it takes 128 on 4 or 256 on 8); "
-        "head dimension 64 (it needs 128)")
+    assert indexer_sm90.fits({**GLUON_CONFIG, "BLOCK_H": 2, "TMA": 1, "KEY_ROWS": 1, "BLOCK_T": 256}, 64) == (
+        "BLOCK_H 2 (it needs 1); TMA 1 (it needs 0); KEY_ROWS 1 (it needs 0); BLOCK_T 256 on 4 warps (it takes 128 "
+        "on 4 or 256 on 8); head dimension 64 (it needs 128)")
     space, shape = load_space("indexer_fwd"), registry.get("indexer_fwd").presets["v4-flash"][0]
     assert space.violation(GLUON_CONFIG, shape, "sm_90") is None
     assert "wgmma" in space.violation(GLUON_CONFIG, shape, "sm_100")  # warpgroup MMA is sm_90's
