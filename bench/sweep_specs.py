@@ -223,9 +223,9 @@ ATTENTION_BWD_UNCHAINED_32_SPACE = ATTENTION_BWD_UNCHAINED_SPACE | {"TILE_K": [1
                                                                    "UNCHAINED": [1], "PTX_BARRIER": [0, 1]}
 
 
-# The indexer's grids run before HEAD_SPLITS, GLUON and KEY_ROWS existed: the heads in one program,
-# Triton's scoring with (query, head) rows.
-INDEXER_TRITON_UNSPLIT = {"HEAD_SPLITS": [1], "GLUON": [0], "KEY_ROWS": [0]}
+# The indexer's grids run before HEAD_SPLITS, GLUON, KEY_ROWS and SELECT_IN_SCORING existed: the
+# heads in one program, Triton's scoring with (query, head) rows, the selection a launch of its own.
+INDEXER_TRITON_UNSPLIT = {"HEAD_SPLITS": [1], "GLUON": [0], "KEY_ROWS": [0], "SELECT_IN_SCORING": [0]}
 
 
 # The indexer's scoring with the key range as a grid axis (KEY_TILES) against the one-axis grid,
@@ -641,7 +641,8 @@ INDEXER_TMA_HEAD_BLOCKS_SPACE = {"BLOCK_S": [8, 16, 32], "BLOCK_H": [2, 4, 8], "
 # Each shape's selection is held at its committed entry.
 INDEXER_ONE_HEAD_SPLITS_SPACE = {"BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [64, 128], "KEY_TILES": [1],
                                  "LATE_HEAD_SUM": [0], "TMA": [1], "num_warps": [4], "num_stages": [3],
-                                 "maxnreg": [None], "HEAD_SPLITS": [1, 2, 4], "GLUON": [0], "KEY_ROWS": [0]}
+                                 "maxnreg": [None], "HEAD_SPLITS": [1, 2, 4], "GLUON": [0], "KEY_ROWS": [0],
+                                 "SELECT_IN_SCORING": [0]}
 
 
 def indexer_head_splits_specs() -> list[tuple[str, dict]]:
@@ -653,7 +654,8 @@ def indexer_head_splits_specs() -> list[tuple[str, dict]]:
         if shape["seq"] == 4096:
             for n, tiling in enumerate(tilings):
                 space = {p: [tiling[p]] for p in INDEXER_SCORING_PARAMS} | {"TMA": [tiling.get("TMA", 0)]}
-                space |= {"KEY_TILES": [0, 1], "HEAD_SPLITS": [1, 2, 4], "GLUON": [0], "KEY_ROWS": [0]} | held
+                space |= {"KEY_TILES": [0, 1], "HEAD_SPLITS": [1, 2, 4], "GLUON": [0], "KEY_ROWS": [0],
+                          "SELECT_IN_SCORING": [0]} | held
                 specs.append((f"{name}-tiling-{n}", grid_spec("indexer_fwd", [shape], space)))
         specs.append((f"{name}-one-head", grid_spec("indexer_fwd", [shape], INDEXER_ONE_HEAD_SPLITS_SPACE | held)))
     return specs
@@ -674,7 +676,8 @@ def indexer_beside_committed_specs(label: str, space: dict, seq: int | None = No
     with the shape's selection held at its committed entry."""
     specs = []
     for shape in shapes_of("indexer_fwd", seq):
-        incumbent = {p: [v] for p, v in committed_config("indexer_fwd", shape).items()} | INDEXER_TRITON_UNSPLIT
+        # Parameters the entry predates take the values it ran with.
+        incumbent = INDEXER_TRITON_UNSPLIT | {p: [v] for p, v in committed_config("indexer_fwd", shape).items()}
         incumbent.setdefault("TMA", [0])
         name = f"indexer_fwd-{label}-{shape['seq']}-{shape['topk']}"
         specs += [(f"{name}-committed", grid_spec("indexer_fwd", [shape], incumbent)),
@@ -685,7 +688,7 @@ def indexer_beside_committed_specs(label: str, space: dict, seq: int | None = No
 # The sm_90 Gluon scoring (GLUON 1: asynchronous warpgroup MMAs, each head's epilogue under the
 # next head's dot) over its tilings and q ring depths, beside each shape's committed entry, at
 # every indexer shape, each shape's selection held at its committed entry.
-INDEXER_GLUON_SPACE = {"GLUON": [1], "KEY_ROWS": [0], "BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [128, 256], "KEY_TILES": [1],
+INDEXER_GLUON_SPACE = {"GLUON": [1], "KEY_ROWS": [0], "SELECT_IN_SCORING": [0], "BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [128, 256], "KEY_TILES": [1],
                        "LATE_HEAD_SUM": [0], "TMA": [0], "HEAD_SPLITS": [1], "num_warps": [4, 8],
                        "num_stages": [3, 4], "maxnreg": [None]}
 
@@ -716,6 +719,26 @@ ROUTER_ARGMAX_SPACE = {"BLOCK_N": [1, 2, 4], "num_warps": [1, 2], "num_stages": 
 
 def router_argmax_specs() -> list[tuple[str, dict]]:
     return [("router_fwd-argmax-grid", grid_spec("router_fwd", shapes_of("router_fwd"), ROUTER_ARGMAX_SPACE))]
+
+
+# Each scoring program picking its own rows' top-k (SELECT_IN_SCORING 1: no selection launch, its
+# passes beside other programs' dots; at sequence 4,096 the selection was 19% of the indexer's
+# device time, 2026-12-04b) on KEY_ROWS tilings of 2-8 queries x 64 keys, by pointers or TMA,
+# beside the same tilings with the selection launched apart (held at the shape's committed
+# entry), at every indexer shape.
+INDEXER_KEY_ROWS_TILINGS = {"KEY_ROWS": [1], "BLOCK_S": [2, 4, 8], "BLOCK_H": [64], "BLOCK_T": [64], "KEY_TILES": [0],
+                            "LATE_HEAD_SUM": [0], "TMA": [0, 1], "num_warps": [4, 8], "num_stages": [2],
+                            "maxnreg": [None], "HEAD_SPLITS": [1], "GLUON": [0]}
+INDEXER_SELECT_IN_SCORING = {"SELECT_IN_SCORING": [1], "SELECT_ROWS": [1, 2, 4], "SELECT_WARPS": [4, 8],
+                             "SELECT_INTERP": [1]}
+
+
+def indexer_select_in_scoring_specs() -> list[tuple[str, dict]]:
+    specs = indexer_beside_committed_specs("key-rows-apart", INDEXER_KEY_ROWS_TILINGS | {"SELECT_IN_SCORING": [0]})
+    for shape in shapes_of("indexer_fwd"):
+        specs.append((f"indexer_fwd-key-rows-in-scoring-{shape['seq']}-{shape['topk']}-grid",
+                      grid_spec("indexer_fwd", [shape], INDEXER_KEY_ROWS_TILINGS | INDEXER_SELECT_IN_SCORING)))
+    return specs
 
 
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
@@ -782,6 +805,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-gluon": lambda: indexer_beside_committed_specs("gluon", INDEXER_GLUON_SPACE),
     "indexer-gluon-ring": lambda: indexer_beside_committed_specs("gluon", INDEXER_GLUON_RING_SPACE),
     "indexer-key-rows": lambda: indexer_beside_committed_specs("key-rows", INDEXER_KEY_ROWS_SPACE, 4096),
+    "indexer-select-in-scoring": indexer_select_in_scoring_specs,
 }
 
 

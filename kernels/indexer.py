@@ -31,9 +31,10 @@ Two launches, tuned together as ``indexer_fwd``:
   (query, head) rows; the tile is stored transposed. With ``BLOCK_H`` covering every head, the
   block's q rows are loaded once per program instead of once per key tile (with (query, head)
   rows, 1.5x slower on the H200, 2026-12-02e, the head sum crossing warps at every key tile).
-  ``TMA`` loads the q and key tiles through TMA descriptors: one instruction a tile instead of per-element addresses (the sm_90
-  head loop compiles to 214 instructions instead of 255 at 64 queries x 256 keys on 8 warps,
-  Triton 3.6; on the H200, 2026-12-02, 14-15% faster at each shape's best one-head tiling).
+  ``TMA`` loads the q and key tiles through TMA descriptors: one instruction a tile instead of
+  per-element addresses (the sm_90 head loop compiles to 214 instructions instead of 255 at 64
+  queries x 256 keys on 8 warps, Triton 3.6; on the H200, 2026-12-02, 14-15% faster at each
+  shape's best one-head tiling).
   ``HEAD_SPLITS`` > 1 spreads the heads over that many programs (a third grid axis), each storing
   its heads' share into its own fp32 buffer, which the selection sums in split order (so the
   result does not depend on which program ran first): at S = 4,096 a grid of 64-query blocks of
@@ -58,6 +59,9 @@ Two launches, tuned together as ``indexer_fwd``:
   visible entries take all of them, padded with index -1 (score -inf). A program whose rows
   all see at most a half or a quarter of the padded row works on that much, and one whose
   rows all take every entry they see stores them straight (no threshold, no prefix sum).
+  ``SELECT_IN_SCORING`` runs it in the scoring programs instead, each on its own rows once it has
+  stored them (whole rows: every key tile and head in one program), ``SELECT_ROWS`` at a time on
+  the scoring's warps: no selection launch, and its passes run beside other programs' dots.
 
 Floor to compare against: the causal scoring's FLOPs, ``2 * B * H * D * sum_s min((s + 1)
 // r, S // r)``, at the bf16 tensor-core peak (``flops``): 137 GFLOP at S = 8192, about
@@ -167,9 +171,12 @@ def _add_head_block(acc, scores, w, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr
 @triton.jit
 def _score_kernel(
     q_ref, k_ref, w_ptr, scores_ptr, seq, n_keys, heads, dim, ratio, split_heads, split_stride,
+    indices_ptr, top_ptr, topk, pad_score,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, KEY_TILES: tl.constexpr,
     LATE_HEAD_SUM: tl.constexpr, DIM_PAD: tl.constexpr, UPCAST: tl.constexpr, ONE_HEAD_BLOCK: tl.constexpr,
-    TMA: tl.constexpr, KEY_ROWS: tl.constexpr,
+    TMA: tl.constexpr, KEY_ROWS: tl.constexpr, SELECT_IN_SCORING: tl.constexpr, SELECT_ROWS: tl.constexpr,
+    KEYS_PAD: tl.constexpr, KEYS_HALF: tl.constexpr, KEYS_QUARTER: tl.constexpr, TOPK_PAD: tl.constexpr,
+    SELECT_INTERP: tl.constexpr,
 ):
     # This program's heads (``split_heads``, a multiple of BLOCK_H, from the third grid axis's split:
     # a head block never straddles two splits) and its split's partial score buffer.
@@ -228,6 +235,13 @@ def _score_kernel(
             tl.store(scores_ptr + tl.trans(offsets), acc, mask=tl.trans(mask))
         else:
             tl.store(scores_ptr + offsets, acc, mask=mask)
+    if SELECT_IN_SCORING:  # the block's rows are whole (every key tile, every head): pick from them here
+        tl.debug_barrier()  # the rows this program stored, visible to all its threads
+        for r in range(0, BLOCK_S, SELECT_ROWS):
+            local = s0 + r + tl.arange(0, SELECT_ROWS)
+            _select_rows(scores_ptr, indices_ptr, top_ptr, batch * seq + local, local < seq, seq, n_keys, ratio, topk,
+                         pad_score, split_stride, SELECT_ROWS, KEYS_PAD, KEYS_HALF, KEYS_QUARTER, TOPK_PAD,
+                         SELECT_INTERP, 1)
 
 
 # The interpolating search's schedule (``SELECT_INTERP``): passes that only count before the bracket
@@ -364,7 +378,17 @@ def _select_kernel(
     TOPK_PAD: tl.constexpr, SELECT_INTERP: tl.constexpr, HEAD_SPLITS: tl.constexpr,
 ):
     rows = tl.program_id(0) * SELECT_ROWS + tl.arange(0, SELECT_ROWS)
-    row_mask = rows < n_rows
+    _select_rows(scores_ptr, indices_ptr, top_ptr, rows, rows < n_rows, seq, n_keys, ratio, topk, pad_score,
+                 split_stride, SELECT_ROWS, KEYS_PAD, KEYS_HALF, KEYS_QUARTER, TOPK_PAD, SELECT_INTERP, HEAD_SPLITS)
+
+
+@triton.jit
+def _select_rows(
+    scores_ptr, indices_ptr, top_ptr, rows, row_mask, seq, n_keys, ratio, topk, pad_score, split_stride,
+    SELECT_ROWS: tl.constexpr, KEYS_PAD: tl.constexpr, KEYS_HALF: tl.constexpr, KEYS_QUARTER: tl.constexpr,
+    TOPK_PAD: tl.constexpr, SELECT_INTERP: tl.constexpr, HEAD_SPLITS: tl.constexpr,
+):
+    """The picks and padding of score rows ``rows`` (of ``[B * S]``; ``row_mask`` the real ones)."""
     n_visible = tl.where(row_mask, tl.minimum((rows % seq + 1) // ratio, n_keys), 0)
     want = tl.minimum(n_visible, topk)
     rows = rows.to(tl.int64)
@@ -404,9 +428,13 @@ def _score_operands(q: torch.Tensor, k: torch.Tensor, config: Config, dim_pad: i
 
 
 def _score_rows(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ratio: int, config: Config,
-                compile_only: bool = False) -> torch.Tensor:
+                compile_only: bool = False, picks: tuple[torch.Tensor, torch.Tensor, int, float] | None = None
+                ) -> torch.Tensor:
     """Launch the scoring on contiguous inputs: fp32 ``[HEAD_SPLITS, B, S, S // r]``, each split's heads'
-    share of I where visible (their sum in split order is I), undefined elsewhere."""
+    share of I where visible (their sum in split order is I), undefined elsewhere.
+
+    With SELECT_IN_SCORING, ``picks`` is ``(indices, scores, topk, pad_score)``, which each program
+    fills for its own rows after scoring them (``_select``'s outputs, without its launch)."""
     batch, seq, heads, dim = q.shape
     n_keys = k.shape[1]
     splits = config.get("HEAD_SPLITS", 1)  # configs tuned before HEAD_SPLITS existed lack it
@@ -420,18 +448,39 @@ def _score_rows(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ratio: int, c
     q_ref, k_ref, tma = _score_operands(q, k, config, dim_pad)
     key_tiles = config.get("KEY_TILES", 0)  # configs tuned before KEY_TILES or LATE_HEAD_SUM existed lack them
     key_groups = cdiv(cdiv(n_keys, config["BLOCK_T"]), key_tiles) if key_tiles else 1
+    indices, top, topk, pad_score = picks if picks is not None else (rows, rows, 1, 0.0)  # unread without picks
     launch(
         _score_kernel,
         (batch * cdiv(seq, config["BLOCK_S"]), max(1, key_groups), splits),
-        (q_ref, k_ref, w, rows, seq, n_keys, heads, dim, ratio, split_heads, batch * seq * n_keys),
+        (q_ref, k_ref, w, rows, seq, n_keys, heads, dim, ratio, split_heads, batch * seq * n_keys, indices, top, topk,
+         pad_score),
         {"BLOCK_S": config["BLOCK_S"], "BLOCK_H": config["BLOCK_H"], "BLOCK_T": config["BLOCK_T"],
          "KEY_TILES": key_tiles, "LATE_HEAD_SUM": config.get("LATE_HEAD_SUM", 0), "DIM_PAD": dim_pad,
          "UPCAST": current_arch() == INTERPRETER_ARCH, "ONE_HEAD_BLOCK": config["BLOCK_H"] >= split_heads,
-         "TMA": tma, "KEY_ROWS": config.get("KEY_ROWS", 0)},
+         "TMA": tma, "KEY_ROWS": config.get("KEY_ROWS", 0), "SELECT_IN_SCORING": picks is not None,
+         **(_selection_constexprs(n_keys, topk, config) if picks is not None else _NO_SELECTION)},
         config,
         compile_only,
     )
     return rows
+
+
+# The scoring's selection constexprs where it selects nothing: one compiled scoring for every topk.
+_NO_SELECTION = {"SELECT_ROWS": 1, "KEYS_PAD": 1, "KEYS_HALF": 1, "KEYS_QUARTER": 1, "TOPK_PAD": 1, "SELECT_INTERP": 0}
+
+
+def _selection_constexprs(n_keys: int, topk: int, config: Config) -> dict[str, int]:
+    """The selection's compile-time sizes and search: rows a step, the padded row and its half and
+    quarter, the padded topk."""
+    keys_pad = next_pow2(max(1, n_keys))
+    return {"SELECT_ROWS": config["SELECT_ROWS"], "KEYS_PAD": keys_pad, "KEYS_HALF": max(1, keys_pad // 2),
+            "KEYS_QUARTER": max(1, keys_pad // 4), "TOPK_PAD": next_pow2(topk),
+            "SELECT_INTERP": config.get("SELECT_INTERP", 0)}
+
+
+def _empty_picks(batch: int, seq: int, topk: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty(batch, seq, topk, dtype=torch.int32, device=device),
+            torch.empty(batch, seq, topk, dtype=torch.float32, device=device))
 
 
 def _select(rows: torch.Tensor, topk: int, ratio: int, config: Config, compile_only: bool = False,
@@ -440,16 +489,12 @@ def _select(rows: torch.Tensor, topk: int, ratio: int, config: Config, compile_o
     visible prefix of each is read); returns ``(indices, scores)`` ``[B, S, topk]``, padded with -1 and
     ``pad_score``."""
     splits, batch, seq, n_keys = rows.shape
-    indices = torch.empty(batch, seq, topk, dtype=torch.int32, device=rows.device)
-    scores = torch.empty(batch, seq, topk, dtype=torch.float32, device=rows.device)
-    keys_pad = next_pow2(max(1, n_keys))
+    indices, scores = _empty_picks(batch, seq, topk, rows.device)
     launch(
         _select_kernel,
         (cdiv(batch * seq, config["SELECT_ROWS"]),),
         (rows, indices, scores, batch * seq, seq, n_keys, ratio, topk, pad_score, batch * seq * n_keys),
-        {"SELECT_ROWS": config["SELECT_ROWS"], "KEYS_PAD": keys_pad, "KEYS_HALF": max(1, keys_pad // 2),
-         "KEYS_QUARTER": max(1, keys_pad // 4), "TOPK_PAD": next_pow2(topk),
-         "SELECT_INTERP": config.get("SELECT_INTERP", 0), "HEAD_SPLITS": splits},
+        {**_selection_constexprs(n_keys, topk, config), "HEAD_SPLITS": splits},
         {**config, "num_warps": config["SELECT_WARPS"], "num_stages": 1},
         compile_only,
     )
@@ -458,9 +503,26 @@ def _select(rows: torch.Tensor, topk: int, ratio: int, config: Config, compile_o
 
 def _forward(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, topk: int, ratio: int, config: Config,
              compile_only: bool = False, pad_score: float = -float("inf")) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scoring, then selection, on contiguous inputs; returns ``(indices, scores)``."""
+    """Scoring, then selection (a launch of its own, or with SELECT_IN_SCORING each scoring program's),
+    on contiguous inputs; returns ``(indices, scores)``."""
+    if config.get("SELECT_IN_SCORING"):  # configs tuned before SELECT_IN_SCORING existed lack it
+        if reason := _select_in_scoring_misfit(config):
+            raise ValueError(f"SELECT_IN_SCORING 1 needs {reason}")
+        indices, scores = _empty_picks(q.shape[0], q.shape[1], topk, q.device)
+        _score_rows(q, k, w, ratio, config, compile_only, (indices, scores, topk, pad_score))
+        return indices, scores
     rows = _score_rows(q, k, w, ratio, config, compile_only)
     return _select(rows, topk, ratio, config, compile_only, pad_score)
+
+
+def _select_in_scoring_misfit(config: Config) -> str | None:
+    """What keeps a scoring program from owning whole rows to pick from (None when nothing does)."""
+    wrong = [f"{name} 0 (got {config.get(name)!r})" for name in ("KEY_TILES", "GLUON") if config.get(name)]
+    if config.get("HEAD_SPLITS", 1) != 1:
+        wrong.append(f"HEAD_SPLITS 1 (got {config['HEAD_SPLITS']!r})")
+    if config["SELECT_ROWS"] > config["BLOCK_S"]:
+        wrong.append(f"SELECT_ROWS at most BLOCK_S {config['BLOCK_S']} (got {config['SELECT_ROWS']})")
+    return "; ".join(wrong) or None
 
 
 def indexer_topk(
@@ -586,7 +648,8 @@ def _default_config(shape: Shape) -> Config:
     2048 keys per program (one S = 8192 row, two S = 4096 rows) over 4 warps."""
     keys_pad = next_pow2(max(1, shape["seq"] // INDEX_RATIO))
     return {"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": min(128, max(16, keys_pad)), "KEY_TILES": 0, "LATE_HEAD_SUM": 0,
-            "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0, "num_warps": 4, "num_stages": 2,
+            "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0, "SELECT_IN_SCORING": 0, "num_warps": 4,
+            "num_stages": 2,
             "SELECT_ROWS": min(16, max(1, 2048 // keys_pad), next_pow2(shape["batch"] * shape["seq"])),
             "SELECT_WARPS": 4}
 

@@ -168,28 +168,32 @@ def test_outputs_carry_no_gradient():
 CONFIGS = [
     # One head per dot (no head reshape), two key tiles at seq 70.
     {"BLOCK_S": 16, "BLOCK_H": 1, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 1,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0},
     # The same by TMA descriptors, one key tile a program.
     {"BLOCK_S": 16, "BLOCK_H": 1, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 1, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "TMA": 1, "HEAD_SPLITS": 1, "GLUON": 0},
     # 8 heads per dot; query blocks taller than seq 37 and 48 (one stage: sm_90's shared memory).
     {"BLOCK_S": 64, "BLOCK_H": 8, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 8, "num_stages": 1,
-     "SELECT_ROWS": 16, "SELECT_WARPS": 8, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0},
+     "SELECT_ROWS": 16, "SELECT_WARPS": 8, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0},
     # One key tile a program (the key range as a grid axis).
     {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 8, "SELECT_WARPS": 4, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0},
+     "SELECT_ROWS": 8, "SELECT_WARPS": 4, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0},
     # The heads summed once per key tile, over two key tiles at seq 70.
     {"BLOCK_S": 8, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 2, "SELECT_WARPS": 1, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0},
+     "SELECT_ROWS": 2, "SELECT_WARPS": 1, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0},
     # The interpolating threshold search.
     {"BLOCK_S": 16, "BLOCK_H": 2, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0},
     # The heads over four programs, their partial scores summed by the selection.
     {"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": 16, "KEY_TILES": 1, "LATE_HEAD_SUM": 1, "num_warps": 4, "num_stages": 2,
-     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 1, "HEAD_SPLITS": 4, "GLUON": 0, "KEY_ROWS": 0},
+     "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 1, "HEAD_SPLITS": 4, "GLUON": 0},
     # Keys down the dot's rows, every head of 2 queries across it (the q block loaded once).
     {"BLOCK_S": 2, "BLOCK_H": 64, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
      "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 1},
+    # ... each scoring program picking its own rows' top-k, in two steps of 4 rows (no selection launch).
+    {"BLOCK_S": 8, "BLOCK_H": 64, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
+     "SELECT_ROWS": 4, "SELECT_WARPS": 4, "SELECT_INTERP": 1, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 1,
+     "SELECT_IN_SCORING": 1},
 ]
 
 
@@ -321,9 +325,42 @@ def test_key_rows_space_counts_no_restaged_head_sum_and_the_dot_alone_in_registe
     assert "shared memory" in space.violation({**staged, "num_warps": 8, "KEY_ROWS": 0}, shape, "sm_90")
 
 
+@pytest.mark.parametrize("key_rows", [0, 1])
+@pytest.mark.parametrize("topk", [5, 20])
+def test_selection_in_the_scoring_programs_matches_its_own_launch(key_rows, topk):
+    """SELECT_IN_SCORING: each scoring program picks the top-k of the rows it scored, 2 of its 4 rows
+    at a time. Gaussian inputs, two batch elements, a 2-token tail; topk 20 exceeds what the early
+    queries see (-1 padding) and what any sees at all (17 entries)."""
+    q, k, w = _gaussian(2, 70, 8, 32, 4, seed=41 + topk)
+    config = {"BLOCK_S": 4, "BLOCK_H": 8, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 4,
+              "num_stages": 1, "KEY_ROWS": key_rows, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "SELECT_ROWS": 2,
+              "SELECT_WARPS": 4, "SELECT_INTERP": 1}
+    apart = indexer._forward(q, k, w, topk, 4, {**config, "SELECT_IN_SCORING": 0})
+    fused = indexer._forward(q, k, w, topk, 4, {**config, "SELECT_IN_SCORING": 1})
+    assert torch.equal(fused[0], apart[0]) and torch.equal(fused[1], apart[1])
+    ref_indices, ref_scores = indexer_topk_reference(q, k, w, topk, 4)
+    assert torch.equal(fused[0], ref_indices)
+    torch.testing.assert_close(fused[1], ref_scores, rtol=1e-5, atol=1e-5)
+
+
+def test_selection_in_the_scoring_says_what_it_needs():
+    q, k, w = _gaussian(1, 40, 4, 32, 4, seed=2)
+    config = {**registry.get("indexer_fwd").default_config({"batch": 1, "seq": 40, "topk": 3}), "SELECT_IN_SCORING": 1,
+              "KEY_TILES": 2, "HEAD_SPLITS": 2, "SELECT_ROWS": 32}
+    with pytest.raises(ValueError, match=r"SELECT_IN_SCORING 1 needs KEY_TILES 0 \(got 2\); HEAD_SPLITS 1 \(got 2\); "
+                                         r"SELECT_ROWS at most BLOCK_S 16 \(got 32\)"):
+        indexer._forward(q, k, w, 3, 4, config)
+    space, shape = load_space("indexer_fwd"), registry.get("indexer_fwd").presets["v4-flash"][0]
+    entry = {**registry.get("indexer_fwd").default_config(shape), "SELECT_IN_SCORING": 1, "SELECT_ROWS": 4,
+             "SELECT_WARPS": 4}
+    assert space.violation(entry, shape, "sm_90") is None
+    assert "KEY_TILES == 0" in space.violation({**entry, "KEY_TILES": 1}, shape, "sm_90")
+    assert "SELECT_WARPS == num_warps" in space.violation({**entry, "SELECT_WARPS": 2}, shape, "sm_90")
+
+
 GLUON_CONFIG = {"BLOCK_S": 64, "BLOCK_H": 1, "BLOCK_T": 128, "KEY_TILES": 1, "LATE_HEAD_SUM": 0, "TMA": 0,
-                "HEAD_SPLITS": 1, "GLUON": 1, "KEY_ROWS": 0, "num_warps": 4, "num_stages": 3, "SELECT_ROWS": 1,
-                "SELECT_WARPS": 2, "SELECT_INTERP": 1}
+                "HEAD_SPLITS": 1, "GLUON": 1, "KEY_ROWS": 0, "SELECT_IN_SCORING": 0, "num_warps": 4, "num_stages": 3,
+                "SELECT_ROWS": 1, "SELECT_WARPS": 2, "SELECT_INTERP": 1}
 GLUON_TILINGS = [{"BLOCK_T": t, "num_warps": w, "num_stages": n} for t, w in indexer_sm90.TILES.items()
                  for n in indexer_sm90.STAGES]
 
@@ -384,6 +421,8 @@ def test_tma_falls_back_to_pointers_on_rows_it_cannot_address():
 @pytest.mark.parametrize("config", CONFIGS)
 def test_tuned_configs_match_reference(config):
     kernel, space = registry.get("indexer_fwd"), load_space("indexer_fwd")
+    # Over the default, as resolve runs a table entry: the later parameters take their default.
+    config = {**kernel.default_config(kernel.presets["small"][0]), **config}
     # Shapes the space prunes the config for are skipped: at least one must remain.
     assert any(space.violation(config, shape, current_arch()) is None for shape in kernel.presets["small"])
     assert_config_matches_reference(kernel, config, seed=3)
