@@ -5,7 +5,9 @@
 # registers, spills, shared memory, warpgroup MMAs, each SASS loop's instructions and barriers.
 #   tilings (default): the committed row-form entry beside KEY_ROWS tilings;
 #   fused: the KEY_ROWS entry (4 queries x 64 keys, 8 warps) with its selection launched apart or in
-#     each scoring program (SELECT_IN_SCORING), 1, 2 or 4 rows at a time.
+#     each scoring program (SELECT_IN_SCORING), 1, 2 or 4 rows at a time;
+#   tma: 2 queries x 64 keys on 4 warps, selecting in the scoring 2 rows at a time, by pointers, by
+#     host-encoded TMA descriptors (TMA 1) and by descriptors each program builds (TMA 2).
 # Same Triton 3.6 venv as bench/offline_sm90_compiles.sh (VENV, default /tmp/triton36).
 # Usage: bash bench/offline_sm90_indexer_key_rows.sh [tilings|fused] [OUT_JSON]
 set -euo pipefail
@@ -26,7 +28,11 @@ fused) entry='"KEY_TILES": 0, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "maxnreg":
   \"in_scoring_2\": {$entry, \"SELECT_IN_SCORING\": 1, \"SELECT_ROWS\": 2, \"SELECT_WARPS\": 8},
   \"in_scoring_4\": {$entry, \"SELECT_IN_SCORING\": 1, \"SELECT_ROWS\": 4, \"SELECT_WARPS\": 8}}"
   exit 0 ;;
-*) echo "mode: tilings or fused, not $mode" >&2; exit 2 ;;
+tma) entry='"KEY_TILES": 0, "HEAD_SPLITS": 1, "GLUON": 0, "maxnreg": null, "SELECT_INTERP": 1, "KEY_ROWS": 1, "BLOCK_S": 2, "BLOCK_H": 64, "BLOCK_T": 64, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2, "SELECT_IN_SCORING": 1, "SELECT_ROWS": 2, "SELECT_WARPS": 4'
+  run "$json" indexer_fwd v4-flash --only seq=4096 --configs "{
+  \"pointers\": {$entry, \"TMA\": 0}, \"host_encoded\": {$entry, \"TMA\": 1}, \"device_built\": {$entry, \"TMA\": 2}}"
+  exit 0 ;;
+*) echo "mode: tilings, fused or tma, not $mode" >&2; exit 2 ;;
 esac
 run "$json" indexer_fwd v4-flash --only seq=4096 --configs "{
   \"committed_rows\": {$held, \"KEY_ROWS\": 0, \"BLOCK_S\": 8, \"BLOCK_H\": 8, \"BLOCK_T\": 128, \"LATE_HEAD_SUM\": 1, \"num_warps\": 4, \"num_stages\": 3},

@@ -733,12 +733,20 @@ INDEXER_SELECT_IN_SCORING = {"SELECT_IN_SCORING": [1], "SELECT_ROWS": [1, 2, 4],
                              "SELECT_INTERP": [1]}
 
 
-def indexer_select_in_scoring_specs() -> list[tuple[str, dict]]:
-    specs = indexer_beside_committed_specs("key-rows-apart", INDEXER_KEY_ROWS_TILINGS | {"SELECT_IN_SCORING": [0]})
+def indexer_key_rows_specs(label: str, tilings: dict) -> list[tuple[str, dict]]:
+    """Per indexer shape: its committed entry, a grid of KEY_ROWS ``tilings`` with the selection
+    launched apart (held at the entry's), and one selecting in the scoring."""
+    specs = indexer_beside_committed_specs(f"{label}-apart", tilings | {"SELECT_IN_SCORING": [0]})
     for shape in shapes_of("indexer_fwd"):
-        specs.append((f"indexer_fwd-key-rows-in-scoring-{shape['seq']}-{shape['topk']}-grid",
-                      grid_spec("indexer_fwd", [shape], INDEXER_KEY_ROWS_TILINGS | INDEXER_SELECT_IN_SCORING)))
+        specs.append((f"indexer_fwd-{label}-in-scoring-{shape['seq']}-{shape['topk']}-grid",
+                      grid_spec("indexer_fwd", [shape], tilings | INDEXER_SELECT_IN_SCORING)))
     return specs
+
+
+# The same with the q and key descriptors built by each program (TMA 2) beside host-encoded ones
+# (TMA 1: about 35 us of host time a call at sequence 4,096, which the bench's calls paid, 0.170
+# against 0.094 ms of device time, 2026-12-04c call 2) and pointers, over the tilings that won.
+INDEXER_KEY_ROWS_TMA_TILINGS = INDEXER_KEY_ROWS_TILINGS | {"BLOCK_S": [2, 4], "TMA": [0, 1, 2]}
 
 
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
@@ -805,7 +813,8 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-gluon": lambda: indexer_beside_committed_specs("gluon", INDEXER_GLUON_SPACE),
     "indexer-gluon-ring": lambda: indexer_beside_committed_specs("gluon", INDEXER_GLUON_RING_SPACE),
     "indexer-key-rows": lambda: indexer_beside_committed_specs("key-rows", INDEXER_KEY_ROWS_SPACE, 4096),
-    "indexer-select-in-scoring": indexer_select_in_scoring_specs,
+    "indexer-select-in-scoring": lambda: indexer_key_rows_specs("key-rows", INDEXER_KEY_ROWS_TILINGS),
+    "indexer-tma-modes": lambda: indexer_key_rows_specs("key-rows-tma", INDEXER_KEY_ROWS_TMA_TILINGS),
 }
 
 

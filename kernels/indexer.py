@@ -34,7 +34,8 @@ Two launches, tuned together as ``indexer_fwd``:
   ``TMA`` loads the q and key tiles through TMA descriptors: one instruction a tile instead of
   per-element addresses (the sm_90 head loop compiles to 214 instructions instead of 255 at 64
   queries x 256 keys on 8 warps, Triton 3.6; on the H200, 2026-12-02, 14-15% faster at each
-  shape's best one-head tiling).
+  shape's best one-head tiling): ``TMA`` 1 encodes them on the host (about 35 us a call at
+  S = 4,096 on the H200, 2026-12-04c), ``TMA`` 2 has each program build them.
   ``HEAD_SPLITS`` > 1 spreads the heads over that many programs (a third grid axis), each storing
   its heads' share into its own fp32 buffer, which the selection sums in split order (so the
   result does not depend on which program ran first): at S = 4,096 a grid of 64-query blocks of
@@ -92,7 +93,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels import indexer_sm90
 from kernels.arch import INTERPRETER_ARCH, current_arch
 from kernels.host_math import cdiv, next_pow2
-from kernels.launch import check_gluon, launch, tma_usable
+from kernels.launch import check_gluon, ensure_scratch_allocator, launch, tma_usable
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
 
@@ -142,6 +143,19 @@ def _query_rows(q_ref, w_ptr, batch, seq, heads, dim, s0, row_query, row_head, h
 
 
 @triton.jit
+def _device_descriptors(q_ptr, k_ptr, batches, seq, n_keys, heads, dim, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+                        BLOCK_T: tl.constexpr, DIM_PAD: tl.constexpr):
+    """TMA descriptors over q ``[B, S, H, D]`` and k ``[B, S // r, D]`` with ``_score_operands``'s boxes,
+    built on the device (TMA 2)."""
+    if BLOCK_H == 1:
+        q_desc = tl.make_tensor_descriptor(q_ptr, [batches * seq, heads * dim], [heads * dim, 1], [BLOCK_S, DIM_PAD])
+    else:
+        q_desc = tl.make_tensor_descriptor(q_ptr, [batches * seq, heads, dim], [heads * dim, dim, 1],
+                                           [BLOCK_S, BLOCK_H, DIM_PAD])
+    return q_desc, tl.make_tensor_descriptor(k_ptr, [batches * n_keys, dim], [dim, 1], [BLOCK_T, DIM_PAD])
+
+
+@triton.jit
 def _head_sum(x, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, KEY_ROWS: tl.constexpr):
     """``x``'s (query, head) rows, or with KEY_ROWS columns, summed over each query's heads."""
     if KEY_ROWS:
@@ -186,6 +200,9 @@ def _score_kernel(
     query_blocks = tl.cdiv(seq, BLOCK_S)
     batch = tl.program_id(0) // query_blocks
     s0 = (query_blocks - 1 - tl.program_id(0) % query_blocks) * BLOCK_S
+    if TMA == 2:  # the descriptors ``_score_operands`` encodes on the host for TMA 1, built here
+        q_ref, k_ref = _device_descriptors(q_ref, k_ref, tl.num_programs(0) // query_blocks, seq, n_keys, heads, dim,
+                                           BLOCK_S, BLOCK_H, BLOCK_T, DIM_PAD)
     queries = s0 + tl.arange(0, BLOCK_S)
     visible = (queries + 1) // ratio  # entries each query sees
     # (query, head) rows of the dot: BLOCK_H heads of each query, head fastest.
@@ -411,20 +428,24 @@ def _select_rows(
     tl.store(top_ptr + pad_slots, pad_score + tl.zeros([SELECT_ROWS, TOPK_PAD], tl.float32), mask=pad_mask)
 
 
-def _score_operands(q: torch.Tensor, k: torch.Tensor, config: Config, dim_pad: int) -> tuple[Any, Any, bool]:
-    """The scoring's q and k arguments: the tensors, or with ``TMA`` TMA descriptors over them (one
-    instruction a tile, no per-element addresses; see ``_query_rows`` for their boxes). Tensors
-    TMA cannot address take the pointer path."""
+def _score_operands(q: torch.Tensor, k: torch.Tensor, config: Config, dim_pad: int) -> tuple[Any, Any, int]:
+    """The scoring's q and k arguments and its TMA mode: the tensors (pointers, or TMA 2, whose
+    descriptors each program builds), or with TMA 1 descriptors encoded here (one instruction a tile,
+    no per-element addresses; see ``_query_rows`` for their boxes). Tensors TMA cannot address take
+    the pointer path."""
     batch, seq, heads, dim = q.shape
     block_s, block_h = config["BLOCK_S"], config["BLOCK_H"]
     if not tma_usable(config, q, k):
-        return q, k, False
+        return q, k, 0
+    if config["TMA"] == 2:
+        ensure_scratch_allocator()  # the kernel's descriptors live in Triton's global scratch
+        return q, k, 2
     if block_h == 1:
         q_desc = TensorDescriptor.from_tensor(q.view(batch * seq, heads * dim), [block_s, dim_pad])
     else:
         q_desc = TensorDescriptor.from_tensor(q.view(batch * seq, heads, dim), [block_s, block_h, dim_pad])
     k_desc = TensorDescriptor.from_tensor(k.view(-1, dim), [config["BLOCK_T"], dim_pad])
-    return q_desc, k_desc, True
+    return q_desc, k_desc, 1
 
 
 def _score_rows(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, ratio: int, config: Config,

@@ -190,8 +190,9 @@ CONFIGS = [
     # Keys down the dot's rows, every head of 2 queries across it (the q block loaded once).
     {"BLOCK_S": 2, "BLOCK_H": 64, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
      "SELECT_ROWS": 4, "SELECT_WARPS": 2, "SELECT_INTERP": 1, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 1},
-    # ... each scoring program picking its own rows' top-k, in two steps of 4 rows (no selection launch).
-    {"BLOCK_S": 8, "BLOCK_H": 64, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
+    # ... in head blocks of 32, each scoring program picking its own rows' top-k in two steps of 4 rows
+    # (no selection launch).
+    {"BLOCK_S": 8, "BLOCK_H": 32, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": 0, "num_warps": 4, "num_stages": 2,
      "SELECT_ROWS": 4, "SELECT_WARPS": 4, "SELECT_INTERP": 1, "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 1,
      "SELECT_IN_SCORING": 1},
 ]
@@ -262,6 +263,7 @@ def test_selection_sums_the_head_splits_before_it_picks():
     assert not torch.equal(indices, first_indices)
 
 
+@pytest.mark.parametrize("tma", [1, 2], ids=["host-encoded", "device-built"])
 @pytest.mark.parametrize(("block_s", "block_h", "heads", "dim", "late_head_sum"), [
     (8, 1, 8, 32, 0),   # one head a dot: the [B * S, H * D] descriptor
     (16, 1, 8, 24, 0),  # dim 24 pads to 32: the box also takes the next head's columns
@@ -269,15 +271,16 @@ def test_selection_sums_the_head_splits_before_it_picks():
     (4, 8, 6, 40, 0),   # 6 heads in a box of 8: heads past H come back as zeros
     (8, 4, 6, 32, 1),   # head blocks of 4 (the second ragged), summed once a key tile
 ])
-def test_scores_by_tma_descriptors_match_eager(block_s, block_h, heads, dim, late_head_sum):
+def test_scores_by_tma_descriptors_match_eager(block_s, block_h, heads, dim, late_head_sum, tma):
     """TMA boxes over two batch elements whose query blocks run past the sequence (45 queries: the
     next element's rows, or zeros, fill the box) and key tiles past the entries; k's zero-filled
-    columns past D must cancel whatever q's box holds there."""
+    columns past D must cancel whatever q's box holds there. Descriptors encoded on the host (TMA 1)
+    or built by each program (TMA 2)."""
     q, k, w = _gaussian(2, 45, heads, dim, 4, seed=17 + dim + heads)
     config = {"BLOCK_S": block_s, "BLOCK_H": block_h, "BLOCK_T": 16, "KEY_TILES": 0, "LATE_HEAD_SUM": late_head_sum,
-              "num_warps": 4, "num_stages": 1, "TMA": 1}
+              "num_warps": 4, "num_stages": 1, "TMA": tma}
     dim_pad = max(16, 1 << (dim - 1).bit_length())
-    assert indexer._score_operands(q, k, config, dim_pad)[2], "the TMA path must run"
+    assert indexer._score_operands(q, k, config, dim_pad)[2] == tma, "the TMA path must run"
     scores = indexer._score_rows(q, k, w, 4, config)[0]
     reference = index_scores_reference(q, k, w, 4)
     visible = reference > -float("inf")
@@ -288,7 +291,8 @@ def test_scores_by_tma_descriptors_match_eager(block_s, block_h, heads, dim, lat
     (2, 8, 0, 0, 0, 1),   # every head of a query in one block of columns, three key tiles a program
     (4, 4, 0, 0, 0, 1),   # 6 heads in column blocks of 4, the second ragged, summed per block
     (4, 4, 1, 1, 0, 1),   # ... summed once a key tile; one key tile a program
-    (8, 2, 0, 0, 1, 1),   # by TMA descriptors
+    (8, 2, 0, 0, 1, 1),   # by TMA descriptors, encoded on the host
+    (4, 8, 0, 0, 2, 1),   # ... or built by each program
     (2, 2, 0, 1, 0, 2),   # the heads over two programs, each storing its share
 ])
 def test_scores_with_keys_as_the_dot_rows_match_eager(block_s, block_h, key_tiles, late_head_sum, tma, splits):
@@ -299,8 +303,7 @@ def test_scores_with_keys_as_the_dot_rows_match_eager(block_s, block_h, key_tile
     config = {"BLOCK_S": block_s, "BLOCK_H": block_h, "BLOCK_T": 16, "KEY_TILES": key_tiles,
               "LATE_HEAD_SUM": late_head_sum, "num_warps": 4, "num_stages": 1, "TMA": tma, "HEAD_SPLITS": splits,
               "KEY_ROWS": 1}
-    if tma:
-        assert indexer._score_operands(q, k, config, 32)[2], "the TMA path must run"
+    assert indexer._score_operands(q, k, config, 32)[2] == tma, "the TMA path must run"
     partials = indexer._score_rows(q, k, w, 4, config)
     reference = index_scores_reference(q, k, w, 4)
     visible = reference > -float("inf")
@@ -318,6 +321,8 @@ def test_key_rows_space_counts_no_restaged_head_sum_and_the_dot_alone_in_registe
     wide = {**config, "BLOCK_T": 128}  # twice the dot: past half the registers of 4 warps, not of 8
     assert "not KEY_ROWS" in space.violation(wide, shape, "sm_90")
     assert space.violation({**wide, "num_warps": 8}, shape, "sm_90") is None
+    # Wider than 256 columns: wrong scores on the H200.
+    assert "BLOCK_S * BLOCK_H <= 256" in space.violation({**config, "BLOCK_S": 8, "num_warps": 8}, shape, "sm_90")
     # 8 queries x 16 heads x 128 keys, 5 q stages: 192 KiB with the key tile; the row form's restaged
     # head sum (64 KiB more) does not fit sm_90's 227 KiB.
     staged = {**config, "BLOCK_S": 8, "BLOCK_H": 16, "BLOCK_T": 128, "num_stages": 5}
