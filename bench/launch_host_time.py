@@ -11,13 +11,15 @@ Per (shape, config) this records:
   time; the flush's kernel runs while the host prepares the next call).
 
 Usage: python bench/launch_host_time.py TABLE OUT_JSON KERNEL PRESETS [--only TEXT] [--configs JSON]
-(as ``bench/kernel_resources.py``: default and tuned config per shape, or named configs over the default).
+(as ``bench/kernel_resources.py``: default and tuned config per shape, or named configs over the default);
+python bench/launch_host_time.py --summary OUT_JSON... prints their rows as a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -47,7 +49,22 @@ def host_and_events(fn) -> tuple[float, float]:
     return host, start.elapsed_time(end) / CALLS
 
 
+def summary(rows: list[dict]) -> str:
+    """One line a (launch, shape, variant): host µs, events ms and device ms a call, and whether
+    back-to-back calls wait on the host (its time a call above the device's)."""
+    lines = ["| launch | shape | variant | host µs a call | events ms a call | device ms | host-bound |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        bound = "yes" if r["host_us"] / 1e3 > r["device_ms"] else "no"
+        lines.append(f"| {r['kernel']} | {r['shape']} | {r['variant']} | {r['host_us']:.1f} | {r['events_ms']:.4f} "
+                     f"| {r['device_ms']:.4f} | {bound} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--summary"]:
+        print(summary([row for path in sys.argv[2:] for row in json.loads(Path(path).read_text())]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("table")
     parser.add_argument("out")

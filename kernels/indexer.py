@@ -34,8 +34,9 @@ Two launches, tuned together as ``indexer_fwd``:
   ``TMA`` loads the q and key tiles through TMA descriptors: one instruction a tile instead of
   per-element addresses (the sm_90 head loop compiles to 214 instructions instead of 255 at 64
   queries x 256 keys on 8 warps, Triton 3.6; on the H200, 2026-12-02, 14-15% faster at each
-  shape's best one-head tiling): ``TMA`` 1 encodes them on the host (about 35 us a call at
-  S = 4,096 on the H200, 2026-12-04c), ``TMA`` 2 has each program build them.
+  shape's best one-head tiling): ``TMA`` 1 encodes them on the host (37-46 us a call at
+  S = 4,096 on the H200, 2026-12-04c), ``TMA`` 2 has each program build them (4-9% more device
+  time there).
   ``HEAD_SPLITS`` > 1 spreads the heads over that many programs (a third grid axis), each storing
   its heads' share into its own fp32 buffer, which the selection sums in split order (so the
   result does not depend on which program ran first): at S = 4,096 a grid of 64-query blocks of

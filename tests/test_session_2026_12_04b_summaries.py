@@ -6,23 +6,11 @@ check (``bench/launch_cache_check.py --summary``) and Nsight Compute's counters
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tarfile
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_reprint import ROOT, assert_best_by_param_reprints, assert_ncu_reprints, reprint
+
 RESULTS = ROOT / "bench" / "results" / "2026-12-04b-h200"
-
-
-def _reprint(script: str, *args: str) -> str:
-    proc = subprocess.run([sys.executable, f"bench/{script}", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip()
 
 
 @pytest.mark.parametrize(("summary", "trials", "kernel", "param", "reference"), [
@@ -35,28 +23,25 @@ def _reprint(script: str, *args: str) -> str:
     ("tma-16384-run-4-by-tma.md", "run-4-trials.csv", "mhc_glue_bwd", "TMA", "0"),
 ])
 def test_best_by_param_tables_reprint(summary, trials, kernel, param, reference):
-    printed = _reprint("best_by_param.py", str(RESULTS / trials), param, "--kernel", kernel, "--reference", reference)
-    assert printed == (RESULTS / summary).read_text().strip()
+    assert_best_by_param_reprints(RESULTS, summary, trials, kernel, param, reference)
 
 
 def test_bench_summaries_reprint():
-    assert _reprint("attention_summary.py", str(RESULTS / "run-1-kernels.json")) == \
+    assert reprint("attention_summary.py", str(RESULTS / "run-1-kernels.json")) == \
         (RESULTS / "compressor-summary-run-1.md").read_text().strip()
     for summary, run in (("glue-fwd-summary", 2), ("glue-fwd-summary", 3), ("glue-bwd-summary", 4),
                          ("glue-bwd-summary", 7)):
-        printed = _reprint("block_kernels_summary.py", str(RESULTS / f"run-{run}-kernels.json"))
+        printed = reprint("block_kernels_summary.py", str(RESULTS / f"run-{run}-kernels.json"))
         assert printed == (RESULTS / f"{summary}-run-{run}.md").read_text().strip()
     assert "| mhc_glue_fwd | T=4096 D=4096 | graph | 23% | 65% |" in (RESULTS / "glue-fwd-summary-run-2.md").read_text()
 
 
 def test_launch_cache_summary_reprints():
-    printed = _reprint("launch_cache_check.py", "--summary", str(RESULTS / "run-5-launch-cache-tma.json"))
+    printed = reprint("launch_cache_check.py", "--summary", str(RESULTS / "run-5-launch-cache-tma.json"))
     assert printed == (RESULTS / "launch-cache-tma-summary.md").read_text().strip()
     assert "| mhc_glue_bwd | tokens=16384,hidden=4096 | tuned | 3 | 272.1 | 218.5 | 0.80 |" in printed
 
 
 @pytest.mark.parametrize("run", [1, 2])
 def test_ncu_tables_reprint(run, tmp_path):
-    with tarfile.open(RESULTS / f"run-{run}-ncu.tar.gz") as packed:
-        packed.extractall(tmp_path, filter="data")
-    assert _reprint("ncu_summary.py", str(tmp_path)) == (RESULTS / f"ncu-run-{run}.md").read_text().strip()
+    assert_ncu_reprints(RESULTS, run, tmp_path)
