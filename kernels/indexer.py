@@ -11,7 +11,7 @@ rotation and no FP8/FP4 simulation. The indexer's gradient path is frozen here, 
 Primus freezes it to measure its kernels: the outputs carry no gradient, and there is no
 backward.
 
-Two launches, tuned together as ``indexer_fwd``:
+Two launches (one with ``SELECT_IN_SCORING``), tuned together as ``indexer_fwd``:
 
 * Scoring (the heavy part). A program takes ``BLOCK_S`` queries of one batch element
   (latest queries first: they see the most entries) and walks the key tiles of
@@ -501,6 +501,7 @@ def _selection_constexprs(n_keys: int, topk: int, config: Config) -> dict[str, i
 
 
 def _empty_picks(batch: int, seq: int, topk: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selection's outputs, unfilled: int32 indices and fp32 scores, ``[B, S, topk]``."""
     return (torch.empty(batch, seq, topk, dtype=torch.int32, device=device),
             torch.empty(batch, seq, topk, dtype=torch.float32, device=device))
 
