@@ -63,7 +63,8 @@ def test_tma_modes_group_compares_every_descriptor_form_at_every_glue_shape(tmp_
 
 def test_select_in_scoring_group_holds_each_committed_entry_as_it_is(tmp_path, monkeypatch):
     """The one-point specs are the committed entries, parameters they predate at the values they ran
-    with (a KEY_ROWS entry stays KEY_ROWS); the grids select apart or in the scoring, not both."""
+    with (an entry's own KEY_ROWS 1 is not pinned back to 0); the grids select apart or in the
+    scoring, not both."""
     run_main(monkeypatch, str(tmp_path), "indexer-select-in-scoring")
     specs = {p.stem: parse_spec(yaml.safe_load(p.read_text())) for p in tmp_path.glob("*.yaml")}
     committed = {name: s for name, s in specs.items() if name.endswith("-committed")}
@@ -72,6 +73,7 @@ def test_select_in_scoring_group_holds_each_committed_entry_as_it_is(tmp_path, m
         [shape] = spec.resolved_shapes()
         entry = sweep_specs.committed_config("indexer_fwd", shape)
         assert {p: v for p, (v,) in spec.space.items() if p in entry} == entry
-        assert spec.space["SELECT_IN_SCORING"] == [0] and spec.space["KEY_ROWS"] == [entry.get("KEY_ROWS", 0)]
+        for param, pin in sweep_specs.INDEXER_TRITON_UNSPLIT.items():
+            assert spec.space[param] == ([entry[param]] if param in entry else pin)
     grids = [s for name, s in specs.items() if name.endswith("-grid")]
     assert sorted(tuple(s.space["SELECT_IN_SCORING"]) for s in grids) == [(0,)] * 4 + [(1,)] * 4
