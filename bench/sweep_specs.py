@@ -688,9 +688,9 @@ def indexer_beside_committed_specs(label: str, space: dict, seq: int | None = No
 # The sm_90 Gluon scoring (GLUON 1: asynchronous warpgroup MMAs, each head's epilogue under the
 # next head's dot) over its tilings and q ring depths, beside each shape's committed entry, at
 # every indexer shape, each shape's selection held at its committed entry.
-INDEXER_GLUON_SPACE = {"GLUON": [1], "KEY_ROWS": [0], "SELECT_IN_SCORING": [0], "BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [128, 256], "KEY_TILES": [1],
+INDEXER_GLUON_SPACE = {"GLUON": [1], "BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [128, 256], "KEY_TILES": [1],
                        "LATE_HEAD_SUM": [0], "TMA": [0], "HEAD_SPLITS": [1], "num_warps": [4, 8],
-                       "num_stages": [3, 4], "maxnreg": [None]}
+                       "num_stages": [3, 4], "maxnreg": [None], "KEY_ROWS": [0], "SELECT_IN_SCORING": [0]}
 
 
 # Its first H200 grid with unserialized MMAs (2026-12-03e) was fastest at its deepest q ring (4
@@ -707,8 +707,6 @@ INDEXER_GLUON_RING_SPACE = INDEXER_GLUON_SPACE | {"BLOCK_T": [128], "num_warps":
 INDEXER_KEY_ROWS_SPACE = {"KEY_ROWS": [1], "BLOCK_S": [1, 2, 4], "BLOCK_H": [64], "BLOCK_T": [64, 128],
                           "KEY_TILES": [0, 4], "LATE_HEAD_SUM": [0], "TMA": [0], "num_warps": [4, 8],
                           "num_stages": [2, 3], "maxnreg": [None], "HEAD_SPLITS": [1], "GLUON": [0]}
-
-
 
 
 # The router forward's top-k rounds as one argmax each (ARGMAX 1: 93 sm_90 instructions a round
@@ -744,8 +742,8 @@ def indexer_key_rows_specs(label: str, tilings: dict) -> list[tuple[str, dict]]:
 
 
 # The same with the q and key descriptors built by each program (TMA 2) beside host-encoded ones
-# (TMA 1: about 35 us of host time a call at sequence 4,096, which the bench's calls paid, 0.170
-# against 0.094 ms of device time, 2026-12-04c call 2) and pointers, over the tilings that won.
+# (TMA 1, whose encoding the host paid in call 2's bench of 2026-12-04c: 0.170 ms a call against
+# 0.094 of device time; 37-46 us a call, measured in call 4) and pointers, over the tilings that won.
 INDEXER_KEY_ROWS_TMA_TILINGS = INDEXER_KEY_ROWS_TILINGS | {"BLOCK_S": [2, 4], "TMA": [0, 1, 2]}
 
 
