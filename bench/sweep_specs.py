@@ -671,9 +671,11 @@ INDEXER_THREE_PER_SM_SPACE = {"BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [64, 1
                               "maxnreg": [None, 128, 168], **INDEXER_TRITON_UNSPLIT}
 
 
-def indexer_beside_committed_specs(label: str, space: dict, seq: int | None = None) -> list[tuple[str, dict]]:
+def indexer_beside_committed_specs(label: str, space: dict, seq: int | None = None,
+                                   hold_selection: bool = True) -> list[tuple[str, dict]]:
     """Per indexer shape (of sequence ``seq``, or all): its committed entry, and a grid of ``space``
-    with the shape's selection held at its committed entry."""
+    with the shape's selection held at its committed entry (unless ``hold_selection`` is False:
+    ``space`` gives it)."""
     specs = []
     for shape in shapes_of("indexer_fwd", seq):
         # Parameters the entry predates take the values it ran with.
@@ -681,7 +683,8 @@ def indexer_beside_committed_specs(label: str, space: dict, seq: int | None = No
         incumbent.setdefault("TMA", [0])
         name = f"indexer_fwd-{label}-{shape['seq']}-{shape['topk']}"
         specs += [(f"{name}-committed", grid_spec("indexer_fwd", [shape], incumbent)),
-                  (f"{name}-grid", grid_spec("indexer_fwd", [shape], space | committed_selection(shape)))]
+                  (f"{name}-grid", grid_spec("indexer_fwd", [shape],
+                                             space | (committed_selection(shape) if hold_selection else {})))]
     return specs
 
 
@@ -745,6 +748,15 @@ def indexer_key_rows_specs(label: str, tilings: dict) -> list[tuple[str, dict]]:
 # (TMA 1, whose encoding the host paid in call 2's bench of 2026-12-04c: 0.170 ms a call against
 # 0.094 of device time; 37-46 us a call, measured in call 4) and pointers, over the tilings that won.
 INDEXER_KEY_ROWS_TMA_TILINGS = INDEXER_KEY_ROWS_TILINGS | {"BLOCK_S": [2, 4], "TMA": [0, 1, 2]}
+
+
+# Around the sequence-4,096 entries (2 queries x 64 keys, host-encoded TMA, selecting in the
+# scoring), which miss 2x the floor by 0.5-3% in the bench: 32-key tiles (mma.sync, but 40 KiB of
+# shared memory, five programs an SM), 1-3 stages, the bisecting selection beside the
+# interpolating one, 1 or 2 rows a step.
+INDEXER_FUSED_KNOBS = INDEXER_KEY_ROWS_TILINGS | INDEXER_SELECT_IN_SCORING | {
+    "BLOCK_S": [2], "BLOCK_T": [32, 64], "TMA": [1], "num_warps": [4], "num_stages": [1, 2, 3],
+    "SELECT_ROWS": [1, 2], "SELECT_WARPS": [4], "SELECT_INTERP": [0, 1]}
 
 
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
@@ -813,6 +825,8 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "indexer-key-rows": lambda: indexer_beside_committed_specs("key-rows", INDEXER_KEY_ROWS_SPACE, 4096),
     "indexer-select-in-scoring": lambda: indexer_key_rows_specs("key-rows", INDEXER_KEY_ROWS_TILINGS),
     "indexer-tma-modes": lambda: indexer_key_rows_specs("key-rows-tma", INDEXER_KEY_ROWS_TMA_TILINGS),
+    "indexer-fused-knobs": lambda: indexer_beside_committed_specs("fused-knobs", INDEXER_FUSED_KNOBS, 4096,
+                                                                  hold_selection=False),
 }
 
 

@@ -77,3 +77,12 @@ def test_select_in_scoring_group_holds_each_committed_entry_as_it_is(tmp_path, m
             assert spec.space[param] == ([entry[param]] if param in entry else pin)
     grids = [s for name, s in specs.items() if name.endswith("-grid")]
     assert sorted(tuple(s.space["SELECT_IN_SCORING"]) for s in grids) == [(0,)] * 4 + [(1,)] * 4
+
+
+def test_fused_knobs_group_sweeps_the_selection_instead_of_holding_it(tmp_path, monkeypatch):
+    run_main(monkeypatch, str(tmp_path), "indexer-fused-knobs")
+    specs = {p.stem: parse_spec(yaml.safe_load(p.read_text())) for p in tmp_path.glob("*.yaml")}
+    grids = [s for name, s in specs.items() if name.endswith("-grid")]
+    assert len(grids) == 2 and len(specs) == 4
+    assert all(s.space["SELECT_INTERP"] == [0, 1] and s.space["SELECT_ROWS"] == [1, 2] for s in grids)
+    assert all(s.space["SELECT_IN_SCORING"] == [1] and s.space["BLOCK_T"] == [32, 64] for s in grids)
