@@ -26,7 +26,11 @@ SUMMARIES = [
      ("run-3-trials.csv", "SELECT_IN_SCORING", "--kernel", "indexer_fwd", "--reference", "0")),
     ("glue-bwd-tma-modes-run-4-by-tma.md", "best_by_param.py",
      ("run-4-trials.csv", "TMA", "--kernel", "mhc_glue_bwd", "--reference", "1")),
-    *[(f"indexer-summary-run-{run}.md", "attention_summary.py", (f"run-{run}-kernels.json",)) for run in (1, 2, 3)],
+    *[(f"indexer-summary-run-{run}.md", "attention_summary.py", (f"run-{run}-kernels.json",)) for run in (1, 2, 3, 5)],
+    *[(f"fused-knobs-run-5-by-{name}.md", "best_by_param.py", ("run-5-trials.csv", param, "--kernel", "indexer_fwd",
+                                                              "--reference", reference))
+      for name, param, reference in (("block-t", "BLOCK_T", "64"), ("num-stages", "num_stages", "2"),
+                                     ("select-interp", "SELECT_INTERP", "1"), ("select-rows", "SELECT_ROWS", "2"))],
     ("glue-bwd-summary-run-4.md", "block_kernels_summary.py", ("run-4-kernels.json",)),
     ("indexer-host-time-run-4.md", "launch_host_time.py", ("--summary", "run-4-indexer-host-time-tma-modes.json")),
 ]
