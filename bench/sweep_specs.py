@@ -223,9 +223,11 @@ ATTENTION_BWD_UNCHAINED_32_SPACE = ATTENTION_BWD_UNCHAINED_SPACE | {"TILE_K": [1
                                                                    "UNCHAINED": [1], "PTX_BARRIER": [0, 1]}
 
 
-# The indexer's grids run before HEAD_SPLITS, GLUON, KEY_ROWS and SELECT_IN_SCORING existed: the
-# heads in one program, Triton's scoring with (query, head) rows, the selection a launch of its own.
-INDEXER_TRITON_UNSPLIT = {"HEAD_SPLITS": [1], "GLUON": [0], "KEY_ROWS": [0], "SELECT_IN_SCORING": [0]}
+# The indexer's grids run before KEY_ROWS and SELECT_IN_SCORING existed: Triton's scoring with
+# (query, head) rows, the selection a launch of its own.
+INDEXER_ROW_FORM = {"KEY_ROWS": [0], "SELECT_IN_SCORING": [0]}
+# ... and those before HEAD_SPLITS and GLUON too: the heads in one program, Triton's scoring.
+INDEXER_TRITON_UNSPLIT = {"HEAD_SPLITS": [1], "GLUON": [0]} | INDEXER_ROW_FORM
 
 
 # The indexer's scoring with the key range as a grid axis (KEY_TILES) against the one-axis grid,
@@ -641,8 +643,7 @@ INDEXER_TMA_HEAD_BLOCKS_SPACE = {"BLOCK_S": [8, 16, 32], "BLOCK_H": [2, 4, 8], "
 # Each shape's selection is held at its committed entry.
 INDEXER_ONE_HEAD_SPLITS_SPACE = {"BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [64, 128], "KEY_TILES": [1],
                                  "LATE_HEAD_SUM": [0], "TMA": [1], "num_warps": [4], "num_stages": [3],
-                                 "maxnreg": [None], "HEAD_SPLITS": [1, 2, 4], "GLUON": [0], "KEY_ROWS": [0],
-                                 "SELECT_IN_SCORING": [0]}
+                                 "maxnreg": [None], "HEAD_SPLITS": [1, 2, 4], "GLUON": [0]} | INDEXER_ROW_FORM
 
 
 def indexer_head_splits_specs() -> list[tuple[str, dict]]:
@@ -654,8 +655,7 @@ def indexer_head_splits_specs() -> list[tuple[str, dict]]:
         if shape["seq"] == 4096:
             for n, tiling in enumerate(tilings):
                 space = {p: [tiling[p]] for p in INDEXER_SCORING_PARAMS} | {"TMA": [tiling.get("TMA", 0)]}
-                space |= {"KEY_TILES": [0, 1], "HEAD_SPLITS": [1, 2, 4], "GLUON": [0], "KEY_ROWS": [0],
-                          "SELECT_IN_SCORING": [0]} | held
+                space |= {"KEY_TILES": [0, 1], "HEAD_SPLITS": [1, 2, 4], "GLUON": [0]} | INDEXER_ROW_FORM | held
                 specs.append((f"{name}-tiling-{n}", grid_spec("indexer_fwd", [shape], space)))
         specs.append((f"{name}-one-head", grid_spec("indexer_fwd", [shape], INDEXER_ONE_HEAD_SPLITS_SPACE | held)))
     return specs
@@ -693,7 +693,7 @@ def indexer_beside_committed_specs(label: str, space: dict, seq: int | None = No
 # every indexer shape, each shape's selection held at its committed entry.
 INDEXER_GLUON_SPACE = {"GLUON": [1], "BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [128, 256], "KEY_TILES": [1],
                        "LATE_HEAD_SUM": [0], "TMA": [0], "HEAD_SPLITS": [1], "num_warps": [4, 8],
-                       "num_stages": [3, 4], "maxnreg": [None], "KEY_ROWS": [0], "SELECT_IN_SCORING": [0]}
+                       "num_stages": [3, 4], "maxnreg": [None]} | INDEXER_ROW_FORM
 
 
 # Its first H200 grid with unserialized MMAs (2026-12-03e) was fastest at its deepest q ring (4

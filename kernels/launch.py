@@ -15,8 +15,9 @@ the constexprs and options, and per argument what Triton specializes on (a tenso
 descriptor's dtype and block shape, its shape, strides and padding being read by the launcher at
 each launch). A key it has seen calls the compiled launcher directly; the first launch of a key,
 and any launch it cannot key (another argument type, Triton's launch hooks set, a kernel whose
-constexprs do not follow its other arguments), goes through ``JITFunction.run``. Triton's compile-time knobs (``debug``,
-instrumentation) are those of a key's first launch. ``TUNER_LAUNCH_CACHE=0`` turns it off.
+constexprs do not follow its other arguments), goes through ``JITFunction.run``. Triton's
+compile-time knobs (``debug``, instrumentation) are those of a key's first launch.
+``TUNER_LAUNCH_CACHE=0`` turns it off.
 """
 
 from __future__ import annotations
