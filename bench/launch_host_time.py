@@ -63,7 +63,11 @@ def summary(rows: list[dict]) -> str:
 
 def main() -> None:
     if sys.argv[1:2] == ["--summary"]:
-        print(summary([row for path in sys.argv[2:] for row in json.loads(Path(path).read_text())]))
+        try:
+            print(summary([row for path in sys.argv[2:] for row in json.loads(Path(path).read_text())]))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            print(f"OUT_JSON: not a launch_host_time result ({type(error).__name__}: {error})", file=sys.stderr)
+            sys.exit(2)
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("table")

@@ -6,6 +6,9 @@ time by TMA mode (``bench/launch_host_time.py --summary``) and Nsight Compute's 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from tests.bench_reprint import ROOT, assert_ncu_reprints, reprint
@@ -54,3 +57,13 @@ def test_the_write_ups_figures_are_in_the_summaries():
 @pytest.mark.parametrize("run", [2, 3])
 def test_ncu_tables_reprint(run, tmp_path):
     assert_ncu_reprints(RESULTS, run, tmp_path)
+
+
+def test_host_time_summary_of_a_wrong_file_exits_2_naming_it(tmp_path):
+    """A file that is not launch_host_time's output: exit 2, one line naming OUT_JSON, no traceback."""
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text('{"rows": []}')
+    proc = subprocess.run([sys.executable, "bench/launch_host_time.py", "--summary", str(wrong)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("OUT_JSON: not a launch_host_time result") and "Traceback" not in proc.stderr
