@@ -1,21 +1,19 @@
-"""The compiled-kernel cache of ``kernels.launch`` and the TMA descriptor memo of
-``kernels.descriptor_memo`` on the GPU: do launches through them compute the same results, and how
-much host time a call does each save.
+"""The compiled-kernel cache of ``kernels.launch`` on the GPU: do cached launches compute the same
+results, and how much host time a call does the cache save.
 
 Per registered launch and shape of PRESETS, with each of its configs (the default; at the V4
 presets also the table's tuned one), on fresh seeded inputs:
 
-1. parity: the launch once (Triton's path: it compiles, the cache keeps the compiled kernel and
-   the memo its descriptors' encodings), then twice on fresh inputs of the same seed, the second
-   of which must go through the cached launcher (counted: a launch whose every kernel launch was
-   cached) and takes whatever descriptors the memo holds (counted: memo hits); the second's
-   outputs against the eager reference, within the launch's registered tolerance;
+1. parity: the launch once (Triton's path: it compiles, and the cache keeps the compiled kernel),
+   then again on fresh inputs of the same seed, which must go through the cached launcher (counted:
+   a launch whose every kernel launch was cached); its outputs against the eager reference, within
+   the launch's registered tolerance;
 2. host µs a call (V4 presets only, at their 4,096-token shapes): back-to-back calls that do not
-   wait for the GPU, the least of ROUNDS rounds of CALLS, with the SWITCH (``cache``, the
-   default, or ``memo``) off and on in alternate rounds, beside an empty Triton launch each way.
+   wait for the GPU, the least of ROUNDS rounds of CALLS, with the cache off and on in alternate
+   rounds, beside an empty Triton launch each way.
 
-Usage: python bench/launch_cache_check.py [--switch cache|memo] TABLE OUT_JSON [PRESET,PRESET,...]
-[KERNEL,KERNEL,...] (defaults: small,v4-flash over every registered launch);
+Usage: python bench/launch_cache_check.py TABLE OUT_JSON [PRESET,PRESET,...] [KERNEL,KERNEL,...]
+(defaults: small,v4-flash over every registered launch);
 python bench/launch_cache_check.py --summary OUT_JSON... prints a markdown table of the results.
 """
 
@@ -32,7 +30,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import descriptor_memo
 from kernels import launch as launch_module
 from kernels import registry
 from launch_variants import configs_at, preset_shapes  # bench/ is the script directory
@@ -41,8 +38,6 @@ from workers.timing import host_ms
 
 CALLS = 100
 ROUNDS = 6
-# What each switch turns off and on: a module and its flag, read at each launch.
-SWITCHES = {"cache": (launch_module, "CACHE_COMPILED"), "memo": (descriptor_memo, "ENABLED")}
 
 
 @triton.jit
@@ -62,53 +57,39 @@ class _CachedLaunches:
         self._launch_compiled(*args)
 
 
-def host_us(fn: Callable[[], object], switch: str) -> dict[str, float]:
-    """The least host µs a call with ``switch`` off and on (``workers.timing.host_ms``, one round at a
+def host_us(fn: Callable[[], object]) -> dict[str, float]:
+    """The least host µs a call with the cache off and on (``workers.timing.host_ms``, one round at a
     time), over alternating rounds."""
-    module, flag = SWITCHES[switch]
     samples: dict[str, list[float]] = {"off": [], "on": []}
     for _ in range(ROUNDS):
         for mode in ("off", "on"):
-            setattr(module, flag, mode == "on")
+            launch_module.CACHE_COMPILED = mode == "on"
             fn()  # the first call after switching modes stays out of the timed round
             samples[mode].append(host_ms(fn, calls=CALLS, rounds=1) * 1e3)
-    setattr(module, flag, True)
+    launch_module.CACHE_COMPILED = True
     return {mode: round(min(times), 1) for mode, times in samples.items()}
 
 
 def check(kernel: registry.TunableKernel, shape: dict[str, int], variant: str, config: dict[str, Any],
-          cached: _CachedLaunches, switch: str | None) -> dict[str, Any]:
-    """One row: the cached launches and memo hits of a third call and its parity, and with a ``switch``
-    host µs a call with it off and on."""
+          cached: _CachedLaunches, timed: bool) -> dict[str, Any]:
+    """One row: the cached launches of a second call and its parity, and with ``timed`` host µs."""
     device = torch.device("cuda")
     kernel.run(kernel.make_inputs(shape, device, 1), config)  # compiles; the cache keeps it
     inputs = kernel.make_inputs(shape, device, 1)
-    kernel.run(inputs, config)  # outputs allocated before the checked call's: their addresses repeat
-    launches_before, hits_before = cached.count, descriptor_memo.hits
+    before = cached.count
     outputs = as_tuple(kernel.run(inputs, config))
     row: dict[str, Any] = {"kernel": kernel.name, "shape": kernel.shape_key(shape), "variant": variant,
-                           "config": config, "cached_launches": cached.count - launches_before,
-                           "memo_hits": descriptor_memo.hits - hits_before,
+                           "config": config, "cached_launches": cached.count - before,
                            "parity": mismatch(outputs, as_tuple(kernel.reference(inputs)), kernel.atol, kernel.rtol)
                            or "ok"}
-    if switch:
-        row["host_us"] = host_us(lambda: kernel.run(inputs, config), switch)
+    if timed:
+        row["host_us"] = host_us(lambda: kernel.run(inputs, config))
     return row
 
 
-# Per switch: the row field counting what it saved in the checked call, and its words in the summary.
-_SAVINGS = {"cache": ("cached_launches", "cached kernel launches", "the cache", "a Triton launch"),
-            "memo": ("memo_hits", "memo hits", "the memo", "a hit")}
-
-
 def summary(reports: list[dict[str, Any]]) -> str:
-    """Markdown: parity and cached launches over every row, then host µs a call with the reports'
-    switch off/on per timed row (a row timed with the switch's saving in its checked call counts)."""
+    """Markdown: parity and cached launches over every row, then host µs a call off/on per timed row."""
     rows = [row for report in reports for row in report["rows"]]
-    switches = {report.get("switch", "cache") for report in reports}  # reports before --switch timed the cache
-    if len(switches) > 1:
-        raise ValueError(f"reports of different switches: {sorted(switches)}")
-    field, counted, subject, unit = _SAVINGS[switches.pop()]
     failed = [f"{r['kernel']} {r['shape']} {r['variant']}: {r.get('error') or r['parity']}"
               for r in rows if r.get("parity") != "ok"]
     uncached = [f"{r['kernel']} {r['shape']} {r['variant']}" for r in rows if r.get("cached_launches") == 0]
@@ -118,23 +99,21 @@ def summary(reports: list[dict[str, Any]]) -> str:
              "empty Triton launch, host µs a call off / on: "
              + "; ".join(f"{r['empty_launch_host_us']['off']} / {r['empty_launch_host_us']['on']}" for r in reports),
              ""]
-    timed = [r for r in rows if "host_us" in r and r.get(field)]
+    timed = [r for r in rows if "host_us" in r and r["cached_launches"]]
     if timed:
         ratios = [r["host_us"]["on"] / r["host_us"]["off"] for r in timed]
         saved = [r["host_us"]["off"] - r["host_us"]["on"] for r in timed]
-        lines += [f"timed launches with {counted}: {len(timed)}; faster with {subject}: "
+        lines += [f"timed launches with cached kernel launches: {len(timed)}; faster with the cache: "
                   f"{sum(ratio < 1 for ratio in ratios)}; host µs a call saved, median: {statistics.median(saved):.1f}, "
-                  f"{unit}: {statistics.median(s / r[field] for s, r in zip(saved, timed)):.1f}; "
+                  f"a Triton launch: {statistics.median(s / r['cached_launches'] for s, r in zip(saved, timed)):.1f}; "
                   f"on / off {min(ratios):.2f}-{max(ratios):.2f}, geomean "
                   f"{math.exp(statistics.fmean(math.log(ratio) for ratio in ratios)):.2f}", ""]
-    header = "Triton launches" if field == "cached_launches" else "Triton launches | memo hits"
-    lines += [f"| launch | shape | config | {header} | host µs off | on | on / off |",
-              "|---|---|---|---|---|---|---|" + ("---|" if field != "cached_launches" else "")]
+    lines += ["| launch | shape | config | Triton launches | host µs off | on | on / off |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "host_us" in r:
             off, on = r["host_us"]["off"], r["host_us"]["on"]
-            counts = r["cached_launches"] if field == "cached_launches" else f"{r['cached_launches']} | {r[field]}"
-            lines.append(f"| {r['kernel']} | {r['shape']} | {r['variant']} | {counts} | {off} | {on} | {on / off:.2f} |")
+            lines.append(f"| {r['kernel']} | {r['shape']} | {r['variant']} | {r['cached_launches']} | {off} | {on} | "
+                         f"{on / off:.2f} |")
     return "\n".join(lines)
 
 
@@ -153,22 +132,13 @@ def main() -> None:
         except (OSError, ValueError, KeyError, TypeError) as error:
             _fail("OUT_JSON", f"not a launch_cache_check result ({type(error).__name__}: {error})")
         return
-    argv = sys.argv[1:]
-    switch = "cache"
-    if argv[0] == "--switch":
-        switch = argv[1] if len(argv) > 1 else ""
-        if switch not in SWITCHES:
-            _fail("--switch", f"{switch!r} is not one of {', '.join(SWITCHES)}")
-        argv = argv[2:]
-    if len(argv) < 2:
-        _fail("usage", __doc__.split("Usage: ")[1].strip())
     try:
-        table = json.loads(Path(argv[0]).read_text())["entries"]
+        table = json.loads(Path(sys.argv[1]).read_text())["entries"]
     except (OSError, ValueError, KeyError) as error:
         _fail("TABLE", f"not a tuned table ({type(error).__name__}: {error})")
-    out = Path(argv[1])
-    presets = argv[2].split(",") if len(argv) > 2 else ["small", "v4-flash"]
-    names = argv[3].split(",") if len(argv) > 3 else registry.names()
+    out = Path(sys.argv[2])
+    presets = sys.argv[3].split(",") if len(sys.argv) > 3 else ["small", "v4-flash"]
+    names = sys.argv[4].split(",") if len(sys.argv) > 4 else registry.names()
     unknown = [name for name in names if name not in registry.names()]
     if unknown:
         _fail("KERNEL", f"not registered: {', '.join(unknown)}")
@@ -176,7 +146,7 @@ def main() -> None:
     launch_module._launch_compiled = cached
     x = torch.zeros(16, device="cuda")
     empty = lambda: launch_module.launch(_empty_kernel, (1,), (x, 16), {"BLOCK": 16}, {})  # noqa: E731
-    report: dict[str, Any] = {"switch": switch, "empty_launch_host_us": host_us(empty, switch), "rows": []}
+    report: dict[str, Any] = {"empty_launch_host_us": host_us(empty), "rows": []}
     print(json.dumps(report), flush=True)
     for name in names:
         kernel = registry.get(name)
@@ -188,7 +158,7 @@ def main() -> None:
                 overrides = None if preset != "small" else {"default": {}}
                 for variant, config in configs_at(kernel, shape, table.get(name, {}), overrides).items():
                     try:
-                        row = check(kernel, shape, variant, config, cached, switch if preset != "small" else None)
+                        row = check(kernel, shape, variant, config, cached, timed=preset != "small")
                     except Exception as error:  # a config this shape cannot run: reported, not fatal
                         row = {"kernel": name, "shape": kernel.shape_key(shape), "variant": variant,
                                "error": f"{type(error).__name__}: {error}"[:300]}

@@ -13,9 +13,8 @@ a few microseconds of device time, so an eager step calling them back to back wa
 the constexprs and options, and per argument what Triton specializes on (a tensor's dtype and
 16-byte alignment; an integer's being 1, a multiple of 16, and its width; a host-built TMA
 descriptor's dtype and block shape, its shape, strides and padding being read by the launcher at
-each launch, which encodes it once per address and geometry: ``kernels.descriptor_memo``). A key
-it has seen calls the compiled launcher directly; the first launch of a key, and any launch it
-cannot key (another argument type, Triton's launch hooks set, a kernel whose
+each launch). A key it has seen calls the compiled launcher directly; the first launch of a key,
+and any launch it cannot key (another argument type, Triton's launch hooks set, a kernel whose
 constexprs do not follow its other arguments), goes through ``JITFunction.run``. Triton's
 compile-time knobs (``debug``, instrumentation) are those of a key's first launch.
 ``TUNER_LAUNCH_CACHE=0`` turns it off.
@@ -35,15 +34,12 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels import descriptor_memo
 from kernels.arch import INTERPRETER_ARCH, current_arch
 
 # Read at each launch, so that a benchmark can time both paths in one process.
 CACHE_COMPILED = os.environ.get("TUNER_LAUNCH_CACHE", "1") != "0"
 _UNKEYABLE = object()
 _compiled: dict[tuple, Any] = {}
-
-descriptor_memo.install_on_cuda()  # host-built TMA descriptors encoded once per address and geometry
 
 _COMMON_OPTIONS = ("num_warps", "num_stages")
 _BACKEND_KNOBS = {
