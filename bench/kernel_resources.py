@@ -6,7 +6,9 @@ config once (or the configs of ``--configs``) and records, for every Triton kern
 launched, registers per thread, spilled bytes, shared memory, ``num_warps``, what that allows per SM
 (65,536 registers, the device's shared memory, 32 programs and 64 warps per SM), how many
 warpgroup MMAs (``HGMMA``, Hopper's wgmma), warp-level MMAs (``HMMA``, mma.sync) and memory
-barriers (``MEMBAR``) its SASS holds, and the instructions of each of its loop bodies.
+barriers (``MEMBAR``) its SASS holds, the instructions of each of its loop bodies, and where ptxas
+serialized its warpgroup MMAs, the reason ptxas gives (its C75xx warning; the kernel's PTX is
+assembled again to read it).
 
 On a machine without a GPU it compiles for ``--offline-arch`` (sm_90) instead of launching: Triton's
 JIT specialises and compiles exactly as for a launch, and the registers and spills come from the
@@ -83,6 +85,28 @@ def _cuobjdump(cubin: bytes, *flags: str) -> str:
                               text=True, check=True).stdout
 
 
+_SERIALIZED = re.compile(r"\((C75\d\d)\) Potential Performance Loss: wgmma\.mma_async instructions are serialized "
+                         r"due to (.*?) in the function")
+
+
+def serialization_reason(ptxas_output: str) -> str:
+    """ptxas's warning code and reason where it serialized a kernel's warpgroup MMAs (``C7515: non
+    wgmma instructions defining ...``), or '' where it did not."""
+    match = _SERIALIZED.search(ptxas_output)
+    return f"{match.group(1)}: {match.group(2)}" if match else ""
+
+
+def _wgmma_serialization(ptx: str) -> str:
+    """Assemble ``ptx`` again with Triton's ptxas, verbose: Triton keeps none of its warnings."""
+    arch = re.search(r"^\.target\s+(\w+)", ptx, re.MULTILINE).group(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp, "kernel.ptx")
+        source.write_text(ptx)
+        done = subprocess.run([str(_CUDA_BIN / "ptxas"), f"-arch={arch}", "-v", str(source), "-o", str(Path(tmp, "k.cubin"))],
+                              capture_output=True, text=True, check=True)
+    return serialization_reason(done.stdout + done.stderr)
+
+
 _SASS_ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
 _BACKWARD_BRANCH = re.compile(r"\bBRA\s+(?:!?U?P\w+,\s*)?0x([0-9a-f]+)")
 
@@ -124,8 +148,9 @@ def loop_uniform_moves(sass: str) -> list[int]:
 
 
 def loop_wgmma_waits(sass: str) -> list[int]:
-    """Warpgroup-MMA waits (``WARPGROUP.DEPBAR``) in each loop body: one after every HGMMA where
-    ptxas serialized the kernel's asynchronous MMAs (its warning C7514)."""
+    """Warpgroup-MMA waits (``WARPGROUP.DEPBAR``) in each loop body: one a step where the MMAs overlap;
+    one after every HGMMA where ptxas serialized them (``wgmma_serialized`` says why), or where
+    Triton waits after each MMA whose A operand comes from registers."""
     return _count_in_loops(sass, "WARPGROUP.DEPBAR")
 
 
@@ -149,6 +174,7 @@ def _registers_and_spills(compiled: Any, offline: bool) -> tuple[int, int]:
 
 def _resources(compiled: Any, smem_per_sm: int, offline: bool) -> dict[str, Any]:
     regs, spilled = _registers_and_spills(compiled, offline)
+    counts = _sass_counts(compiled.asm["cubin"])
     warps = compiled.metadata.num_warps
     shared = compiled.metadata.shared
     by_regs = REGISTERS_PER_SM // max(1, regs * warps * 32)
@@ -156,7 +182,7 @@ def _resources(compiled: Any, smem_per_sm: int, offline: bool) -> dict[str, Any]
     return {"n_regs": regs, "spilled_bytes": spilled, "shared_bytes": shared,
             "num_warps": warps, "num_stages": compiled.metadata.num_stages,
             "programs_per_sm": min(by_regs, by_smem, BLOCKS_PER_SM, WARPS_PER_SM // warps),
-            **_sass_counts(compiled.asm["cubin"])}
+            **counts, "wgmma_serialized": _wgmma_serialization(compiled.asm["ptx"]) if counts["hgmma"] else ""}
 
 
 def _parse_args() -> argparse.Namespace:
@@ -232,8 +258,8 @@ def resources_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one line per compiled kernel of each (launch, shape, variant)."""
     lines = ["| launch | shape | variant | Triton kernel | registers | spilled B | shared KiB | warps | stages "
              "| programs / SM | wgmma | mma.sync | loop bodies (instructions) | loop CTA barriers | loop R2UR "
-             "| loop wgmma waits | memory barriers |",
-             "|" + "---|" * 17]
+             "| loop wgmma waits | memory barriers | wgmma serialized (ptxas) |",
+             "|" + "---|" * 18]
     for r in rows:
         for fn, k in r["triton_kernels"].items():
             lines.append(f"| {r['kernel']} | {r['shape']} | {r['variant']} | {fn} | {k['n_regs']} | {k['spilled_bytes']} "
@@ -242,7 +268,8 @@ def resources_table(rows: list[dict[str, Any]]) -> str:
                          f"| {', '.join(map(str, k.get('loop_instructions', [])))} "
                          f"| {', '.join(map(str, k.get('loop_barriers', [])))} "
                          f"| {', '.join(map(str, k.get('loop_uniform_moves', [])))} "
-                         f"| {', '.join(map(str, k.get('loop_wgmma_waits', [])))} | {k.get('membars', '-')} |")
+                         f"| {', '.join(map(str, k.get('loop_wgmma_waits', [])))} | {k.get('membars', '-')} "
+                         f"| {k.get('wgmma_serialized', '-')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -215,8 +215,11 @@ def _grouped_wgrad_kernel(
     m_mask = ms < M
     n_mask = ns < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for t0 in range(start, end, BLOCK_K):
-        ts = t0 + tl.arange(0, BLOCK_K)
+    # At least one step, all masked for an expert without tokens: with a loop that may run no step,
+    # the accumulator's zeros reach the final wgmma wait on a path past the loop, and Triton 3.6's
+    # ptxas then serializes every wgmma of the loop (warning C7515: 4 waits a step at BLOCK_K 64).
+    for step in range(0, tl.maximum(1, tl.cdiv(end - start, BLOCK_K))):
+        ts = start + step * BLOCK_K + tl.arange(0, BLOCK_K)
         t_mask = ts < end
         ts = ts.to(tl.int64)
         a = tl.load(a_ptr + ts[None, :] * M + ms[:, None], mask=m_mask[:, None] & t_mask[None, :], other=0.0)

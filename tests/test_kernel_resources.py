@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bench.kernel_resources import loop_barriers, loop_bodies, loop_uniform_moves, loop_wgmma_waits
+from bench.kernel_resources import (loop_barriers, loop_bodies, loop_uniform_moves, loop_wgmma_waits,
+                                    serialization_reason)
 
 # Shaped like cuobjdump -sass: 16-byte instructions, one predicated backward branch (a loop of
 # 0x2000..0x2740), one forward branch and the trailing self-branch at the end of every kernel.
@@ -51,6 +52,18 @@ def test_loop_wgmma_waits_count_the_warpgroup_depbars_inside_each_body():
         "        /*2030*/                   DEPBAR.LE SB0, 0x0 ;\n        /*2000*/")
     assert loop_wgmma_waits(sass) == [1]  # the one at 0x1ff0 is before the loop; DEPBAR is cp.async's
     assert loop_wgmma_waits(SASS) == [0]
+
+
+def test_serialization_reason_reads_ptxas_warning_and_nothing_else():
+    """Triton 3.6's ptxas on the expert weight-gradient kernel before 2026-12-04d (verbatim but the
+    function name), and a clean assembly."""
+    serialized = ("ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+                  "due to non wgmma instructions defining accumulator registers of a wgmma between start and end of "
+                  "the pipeline stage in the function '_grouped_wgrad_kernel'\nptxas info    : 0 bytes gmem\n")
+    assert serialization_reason(serialized) == ("C7515: non wgmma instructions defining accumulator registers of a "
+                                                "wgmma between start and end of the pipeline stage")
+    clean = "ptxas info    : 0 bytes gmem\nptxas info    : Used 174 registers, used 1 barriers\n"
+    assert serialization_reason(clean) == ""
 
 
 def test_recording_sees_every_launch_of_a_key(monkeypatch):
