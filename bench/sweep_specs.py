@@ -759,8 +759,24 @@ INDEXER_FUSED_KNOBS = INDEXER_KEY_ROWS_TILINGS | INDEXER_SELECT_IN_SCORING | {
     "SELECT_ROWS": [1, 2], "SELECT_WARPS": [4], "SELECT_INTERP": [0, 1]}
 
 
+
+def untuned_gemm_specs() -> list[tuple[str, dict]]:
+    """TPE sweeps of the expert GEMMs at the Flash and Pro shapes the committed sm_90 table holds no
+    entry for, the weight gradients first. On 2026-12-04d these were both weight-gradient GEMMs at
+    every shape (swept only in part on 2026-11-30, and skipped by its export as stale) and the up
+    GEMM's dX at skewed loads and at EP 1: they ran their heuristic defaults in every benchmark."""
+    entries = load_table("sm_90")["entries"]
+    specs = []
+    for kernel in dict.fromkeys(("expert_down_bwd_dw", "expert_up_bwd_dw", *EXPERT_GEMMS)):
+        held = entries.get(kernel, {})
+        shapes = [s for s in shapes_of(kernel) if registry.get(kernel).shape_key(s) not in held]
+        if shapes:
+            specs.append((f"{kernel}-untuned", tpe_spec(kernel, shapes, TPE_TRIALS["gemm"])))
+    return specs
+
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
+    "gemm-untuned": untuned_gemm_specs,
     "memory": lambda: per_preset_specs(MEMORY_BOUND),
     "attention": attention_specs,
     "tma": lambda: tma_specs(TMA_SPACES),

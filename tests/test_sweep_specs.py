@@ -86,3 +86,23 @@ def test_fused_knobs_group_sweeps_the_selection_instead_of_holding_it(tmp_path, 
     assert len(grids) == 2 and len(specs) == 4
     assert all(s.space["SELECT_INTERP"] == [0, 1] and s.space["SELECT_ROWS"] == [1, 2] for s in grids)
     assert all(s.space["SELECT_IN_SCORING"] == [1] and s.space["BLOCK_T"] == [32, 64] for s in grids)
+
+
+def test_untuned_gemm_group_sweeps_every_expert_gemm_shape_the_table_lacks(tmp_path, monkeypatch):
+    """Weight gradients first; each shape of Flash and Pro that the committed table has no entry for,
+    and none that it has."""
+    from kernels import registry
+    from kernels.tuning import load_table
+
+    run_main(monkeypatch, str(tmp_path / "untuned"), "gemm-untuned")
+    specs = [yaml.safe_load(p.read_text()) for p in sorted((tmp_path / "untuned").glob("*.yaml"))]
+    entries = load_table("sm_90")["entries"]
+    swept = {(spec["kernel"], registry.get(spec["kernel"]).shape_key(s)) for spec in specs for s in spec["shapes"]}
+    lacking = {(k, registry.get(k).shape_key(s)) for k in sweep_specs.EXPERT_GEMMS for s in sweep_specs.shapes_of(k)
+               if registry.get(k).shape_key(s) not in entries.get(k, {})}
+    assert swept == lacking  # empty once the table holds every shape: then no spec
+    order = dict.fromkeys(("expert_down_bwd_dw", "expert_up_bwd_dw", *sweep_specs.EXPERT_GEMMS))
+    assert [spec["kernel"] for spec in specs] == [k for k in order if any(kernel == k for kernel, _ in lacking)]
+    assert all(spec["strategy"]["name"] == "tpe" and "timing" not in spec for spec in specs)
+    for spec in specs:
+        parse_spec(spec)
