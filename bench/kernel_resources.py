@@ -102,8 +102,8 @@ def _wgmma_serialization(ptx: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp, "kernel.ptx")
         source.write_text(ptx)
-        done = subprocess.run([str(_CUDA_BIN / "ptxas"), f"-arch={arch}", "-v", str(source), "-o", str(Path(tmp, "k.cubin"))],
-                              capture_output=True, text=True, check=True)
+        command = [str(_CUDA_BIN / "ptxas"), f"-arch={arch}", "-v", str(source), "-o", str(Path(tmp, "k.cubin"))]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
     return serialization_reason(done.stdout + done.stderr)
 
 
