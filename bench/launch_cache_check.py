@@ -128,6 +128,9 @@ def main() -> None:
     if sys.argv[1] == "--summary":
         try:
             reports = [json.loads(Path(path).read_text()) for path in sys.argv[2:]]
+            if any(report.get("switch", "cache") != "cache" for report in reports):
+                _fail("OUT_JSON", "a report of another switch (the TMA descriptor memo of 91e7914, since removed; "
+                      "its summary is in its run's log): this script times the compiled-kernel cache")
             print(summary(reports))
         except (OSError, ValueError, KeyError, TypeError) as error:
             _fail("OUT_JSON", f"not a launch_cache_check result ({type(error).__name__}: {error})")
