@@ -320,7 +320,13 @@ def _glue_bwd_kernel(
     else:
         dfn = tl.zeros([_LOGITS_PAD, BLOCK_K], dtype=tl.float32)
     first_token = slab * tokens_per_slab
-    for t0 in range(first_token, tl.minimum(first_token + tokens_per_slab, n_tokens), BLOCK_N):
+    last_token = tl.minimum(first_token + tokens_per_slab, n_tokens)
+    # Every slab holds a token, so the loop runs at least once; written so that ptxas can see it:
+    # with a loop that may run no step, Triton 3.6's ptxas serialized all 14 of its wgmmas (C7515,
+    # offline sm_90 compile of the tuned 4,096-token config; ``kernels.grouped_gemm``'s weight
+    # gradients had the same).
+    for step in range(0, tl.maximum(1, tl.cdiv(last_token - first_token, BLOCK_N))):
+        t0 = first_token + step * BLOCK_N
         tokens = t0 + tl.arange(0, BLOCK_N)
         d_rstd = tl.load(drstd_ptr + tokens, mask=tokens < n_tokens, other=0.0)
         x_offsets, x_mask = _tile(tokens, ks, n_tokens, width)
