@@ -23,12 +23,14 @@ Launches (each a registered tunable kernel):
   never writes dA. So the SwiGLU backward runs once per element, and the up launches
   below are plain GEMMs over the concatenated ``2F``.
 * ``expert_up_bwd_dx``: ``dx = dgu @ W13_e = dg @ W1_e + du @ W3_e``.
-* ``expert_down_bwd_dw`` / ``expert_up_bwd_dw``: ``dW2_e (+)= (w dy)^T @ a`` and
+* ``expert_down_bwd_dw`` / ``expert_up_bwd_dw``: ``dW2_e (+)= dy^T @ (w a)`` and
   ``dW13_e (+)= dgu^T @ x`` over the expert's tokens, added to a given fp32 or bf16
   gradient buffer by the kernel itself (read, add, write: in place when the output is the
   buffer, as ``expert_mlp`` uses it; the registered kernels write to a fresh tensor, so
-  that the sweep's repeated runs all start from the same buffer). ``w * dy`` is rounded
-  to bf16 before the MMA.
+  that the sweep's repeated runs all start from the same buffer). ``w * a`` is rounded
+  to bf16 before the MMA: the routing weight scales the MMA's B operand, which Triton stages
+  in shared memory anyway, since an A operand scaled in registers made Triton wait after each
+  of the loop's MMAs (4 waits a step at the default tile, offline sm_90 compile, 2026-12-04d).
 
 Scheduling of the token-row launches: one launch covers every expert. A tile table built on
 the device from ``expert_offsets`` (per-expert tile counts, their cumulative sum and a
@@ -44,7 +46,7 @@ has to divide D or F.
 Tolerances (TunableKernel atol = rtol = 2e-2, per element against a fp32 reference fed
 the same bf16 inputs): bf16 outputs (a, gu, y, dgu, dx) are rounded once, 2**-9 relative;
 fp32 outputs (dweights, the weight gradients) differ by summation order, plus, for dW2,
-the rounding of ``w * dy`` (about 1e-3 of its size, up to ~5e-3 at the extremes of a large
+the rounding of ``w * a`` (about 1e-3 of its size, up to ~5e-3 at the extremes of a large
 buffer). ``make_inputs`` scales the inputs so that the weight gradients are of unit size,
 where atol 2e-2 leaves a 4x margin.
 """
@@ -202,7 +204,7 @@ def _grouped_wgrad_kernel(
     HAS_SCALE: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """``grad_out[e] = (grad_in[e] +) sum over e's tokens t of (scale_t A[t, :])^T B[t, :]``, one tile."""
+    """``grad_out[e] = (grad_in[e] +) sum over e's tokens t of A[t, :]^T (scale_t B[t, :])``, one tile."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
@@ -223,10 +225,10 @@ def _grouped_wgrad_kernel(
         t_mask = ts < end
         ts = ts.to(tl.int64)
         a = tl.load(a_ptr + ts[None, :] * M + ms[:, None], mask=m_mask[:, None] & t_mask[None, :], other=0.0)
+        b = tl.load(b_ptr + ts[:, None] * N + ns[None, :], mask=t_mask[:, None] & n_mask[None, :], other=0.0)
         if HAS_SCALE:
             scale = tl.load(scale_ptr + ts, mask=t_mask, other=0.0)
-            a = (a.to(tl.float32) * scale[None, :]).to(a_ptr.dtype.element_ty)
-        b = tl.load(b_ptr + ts[:, None] * N + ns[None, :], mask=t_mask[:, None] & n_mask[None, :], other=0.0)
+            b = (b.to(tl.float32) * scale[:, None]).to(b_ptr.dtype.element_ty)
         acc = _mma(a, b, acc, UPCAST)
     offsets = expert.to(tl.int64) * M * N + ms[:, None] * N + ns[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
@@ -364,7 +366,7 @@ def _up_bwd_dx(dgu: Tensor, offsets: Tensor, w13: Tensor, config: Config, compil
 
 def _down_bwd_dw(dy: Tensor, a: Tensor, offsets: Tensor, weights: Tensor, grad: Tensor | None, config: Config,
                  compile_only: bool = False, out: Tensor | None = None) -> Tensor:
-    """``grad + (weights dy)^T @ a`` per expert, into ``out`` (a new tensor by default; may be ``grad``)."""
+    """``grad + dy^T @ (weights a)`` per expert, into ``out`` (a new tensor by default; may be ``grad``)."""
     return _wgrad(dy, a, offsets, weights, grad, out, config, compile_only)
 
 

@@ -69,6 +69,9 @@ def test_the_write_ups_figures_are_in_the_raw_results():
     after = _kernel("offline-sm90-wgrad", "expert_up_bwd_dw", "default", "_grouped_wgrad_kernel")
     assert (before["loop_wgmma_waits"], after["loop_wgmma_waits"]) == ([4], [1])
     assert before["wgmma_serialized"].startswith("C7515") and after["wgmma_serialized"] == ""
+    down_before = _kernel("offline-sm90-wgrad-45c00a1", "expert_down_bwd_dw", "default", "_grouped_wgrad_kernel")
+    down_after = _kernel("offline-sm90-wgrad", "expert_down_bwd_dw", "default", "_grouped_wgrad_kernel")
+    assert (down_before["loop_wgmma_waits"], down_after["loop_wgmma_waits"]) == ([4], [1])
     glue_before = _kernel("offline-sm90-wgmma-audit-glue-b06fe3a", "mhc_glue_bwd", "tuned", "_glue_bwd_kernel")
     glue_after = _kernel("offline-sm90-wgmma-audit-glue", "mhc_glue_bwd", "tuned", "_glue_bwd_kernel")
     assert glue_before["hgmma"] == 14 and set(glue_before["loop_wgmma_waits"]) == {14, 0}
