@@ -759,7 +759,6 @@ INDEXER_FUSED_KNOBS = INDEXER_KEY_ROWS_TILINGS | INDEXER_SELECT_IN_SCORING | {
     "SELECT_ROWS": [1, 2], "SELECT_WARPS": [4], "SELECT_INTERP": [0, 1]}
 
 
-
 def untuned_gemm_specs() -> list[tuple[str, dict]]:
     """TPE sweeps of the expert GEMMs at the Flash and Pro shapes the committed sm_90 table holds no
     entry for, the weight gradients first. On 2026-12-04d these were both weight-gradient GEMMs at
@@ -773,6 +772,7 @@ def untuned_gemm_specs() -> list[tuple[str, dict]]:
         if shapes:
             specs.append((f"{kernel}-untuned", tpe_spec(kernel, shapes, TPE_TRIALS["gemm"])))
     return specs
+
 
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
