@@ -9,7 +9,7 @@
 #   tma: 2 queries x 64 keys on 4 warps, selecting in the scoring 2 rows at a time, by pointers, by
 #     host-encoded TMA descriptors (TMA 1) and by descriptors each program builds (TMA 2).
 # Same Triton 3.6 venv as bench/offline_sm90_compiles.sh (VENV, default /tmp/triton36).
-# Usage: bash bench/offline_sm90_indexer_key_rows.sh [tilings|fused] [OUT_JSON]
+# Usage: bash bench/offline_sm90_indexer_key_rows.sh [tilings|fused|tma] [OUT_JSON]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-tilings}

@@ -152,7 +152,8 @@ def fits(config: Config, dim: int) -> str | None:
     """Why ``config`` cannot run this form at head dimension ``dim`` (None when it can)."""
     wrong = [f"{name} {config.get(name)!r} (it needs {value})" for name, value in
              (("BLOCK_S", BLOCK_S), ("BLOCK_H", 1), ("KEY_TILES", 1)) if config.get(name) != value]
-    wrong += [f"{name} {config[name]!r} (it needs 0)" for name in ("LATE_HEAD_SUM", "TMA", "KEY_ROWS") if config.get(name)]
+    wrong += [f"{name} {config[name]!r} (it needs 0)" for name in ("LATE_HEAD_SUM", "TMA", "KEY_ROWS")
+              if config.get(name)]
     if config.get("HEAD_SPLITS", 1) != 1:
         wrong.append(f"HEAD_SPLITS {config['HEAD_SPLITS']!r} (it needs 1)")
     if TILES.get(config.get("BLOCK_T")) != config.get("num_warps"):

@@ -11,10 +11,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_bench(script: str, *args: str) -> subprocess.CompletedProcess:
+    """``bench/SCRIPT ARGS`` run from the repository root, its output captured."""
+    return subprocess.run([sys.executable, f"bench/{script}", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 def reprint(script: str, *args: str) -> str:
     """The stdout of ``bench/SCRIPT ARGS`` from the repository root (which must exit 0), stripped."""
-    proc = subprocess.run([sys.executable, f"bench/{script}", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = run_bench(script, *args)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 

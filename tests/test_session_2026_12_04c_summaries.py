@@ -6,12 +6,9 @@ time by TMA mode (``bench/launch_host_time.py --summary``) and Nsight Compute's 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from tests.bench_reprint import ROOT, assert_ncu_reprints, reprint
+from tests.bench_reprint import ROOT, assert_ncu_reprints, reprint, run_bench
 
 RESULTS = ROOT / "bench" / "results" / "2026-12-04c-h200"
 
@@ -63,7 +60,6 @@ def test_host_time_summary_of_a_wrong_file_exits_2_naming_it(tmp_path):
     """A file that is not launch_host_time's output: exit 2, one line naming OUT_JSON, no traceback."""
     wrong = tmp_path / "wrong.json"
     wrong.write_text('{"rows": []}')
-    proc = subprocess.run([sys.executable, "bench/launch_host_time.py", "--summary", str(wrong)], cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = run_bench("launch_host_time.py", "--summary", str(wrong))
     assert proc.returncode == 2
     assert proc.stderr.startswith("OUT_JSON: not a launch_host_time result") and "Traceback" not in proc.stderr

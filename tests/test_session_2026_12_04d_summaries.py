@@ -6,14 +6,11 @@ tables (``bench/kernel_resources.py``); the figures it quotes from raw logs are 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from bench.kernel_resources import resources_table
-from tests.bench_reprint import ROOT, reprint
+from tests.bench_reprint import ROOT, reprint, run_bench
 
 RESULTS = ROOT / "bench" / "results" / "2026-12-04d-h200"
 ATTENTION = ("sparse_attn_fwd", "sparse_attn_bwd", "compressor_fwd", "compressor_bwd", "indexer_fwd")
@@ -83,8 +80,6 @@ def test_the_write_ups_figures_are_in_the_raw_results():
 
 
 def test_cache_check_summary_refuses_the_removed_memos_report():
-    proc = subprocess.run([sys.executable, "bench/launch_cache_check.py", "--summary",
-                           str(RESULTS / "run-1-memo-check.json")], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = run_bench("launch_cache_check.py", "--summary", str(RESULTS / "run-1-memo-check.json"))
     assert proc.returncode == 2
     assert proc.stderr.startswith("OUT_JSON: a report of another switch") and "Traceback" not in proc.stderr

@@ -8,6 +8,8 @@ import pytest
 import yaml
 
 from bench import sweep_specs
+from kernels import registry
+from kernels.tuning import load_table
 from tuner.spec import parse_spec
 
 
@@ -91,9 +93,6 @@ def test_fused_knobs_group_sweeps_the_selection_instead_of_holding_it(tmp_path, 
 def test_untuned_gemm_group_sweeps_every_expert_gemm_shape_the_table_lacks(tmp_path, monkeypatch):
     """Weight gradients first; each shape of Flash and Pro that the committed table has no entry for,
     and none that it has."""
-    from kernels import registry
-    from kernels.tuning import load_table
-
     run_main(monkeypatch, str(tmp_path / "untuned"), "gemm-untuned")
     specs = [yaml.safe_load(p.read_text()) for p in sorted((tmp_path / "untuned").glob("*.yaml"))]
     entries = load_table("sm_90")["entries"]
