@@ -65,7 +65,11 @@ class _OfflineDriver:
 
     def __init__(self, arch: str) -> None:
         from triton.backends.compiler import GPUTarget
-        self.target = GPUTarget("cuda", int(arch.removeprefix("sm_")), 32)
+        from kernels.arch import backend_of
+        if backend_of(arch) == "hip":
+            self.target = GPUTarget("hip", arch, 64)
+        else:
+            self.target = GPUTarget("cuda", int(arch.removeprefix("sm_")), 32)
 
     def get_current_target(self):
         return self.target

@@ -200,15 +200,25 @@ ATTENTION_BWD_UNCHAINED_SPACE = {"BLOCK_H": [64], "TILE_K": [16], "DE_TRANSPOSED
 
 
 def attention_grid_with_committed_specs(kernel: str, name: str, space: dict) -> list[tuple[str, dict]]:
-    """At each of the twelve shapes of ``kernel``, the grid of ``space`` beside the shape's
-    committed entry (a one-point grid), which the export must be able to keep: export with
+    """At each of the twelve shapes of ``kernel``, the grid of ``space`` beside the shape's committed
+    entry (``grid_with_committed_specs``)."""
+    return grid_with_committed_specs(kernel, name, space, shapes_of(kernel),
+                                     lambda shape: f"{shape['seq']}-{shape['heads']}-{shape['ratio']}")
+
+
+def grid_with_committed_specs(kernel: str, name: str, space: dict, shapes: list[dict],
+                              label: Callable[[dict], str]) -> list[tuple[str, dict]]:
+    """At each of ``shapes`` (named in the spec by ``label``), the grid of ``space`` beside the shape's
+    committed entry (a one-point grid; the heuristic default where the table has none), which the export must be able to keep: export with
     ``--fastest KERNEL`` where the grid leaves the committed config out, since the export
     otherwise takes the newer sweep's winner, the grid's."""
     specs = []
-    for shape in shapes_of(kernel):
-        prefix = f"{kernel}-{name}-{shape['seq']}-{shape['heads']}-{shape['ratio']}"
-        # as tuning.resolve runs an entry: its config over the default (older entries lack new knobs)
-        committed = registry.get(kernel).default_config(shape) | committed_config(kernel, shape)
+    for shape in shapes:
+        prefix = f"{kernel}-{name}-{label(shape)}"
+        # as tuning.resolve runs an entry: its config over the default (older entries lack new knobs);
+        # the default alone where the table has no entry
+        entry = load_table("sm_90")["entries"].get(kernel, {}).get(registry.get(kernel).shape_key(shape), {})
+        committed = registry.get(kernel).default_config(shape) | entry.get("config", {})
         one_point = {p: [v] for p, v in committed.items()}
         specs += [(f"{prefix}-committed", grid_spec(kernel, [shape], one_point)),
                   (f"{prefix}-grid", grid_spec(kernel, [shape], space))]
@@ -759,6 +769,25 @@ INDEXER_FUSED_KNOBS = INDEXER_KEY_ROWS_TILINGS | INDEXER_SELECT_IN_SCORING | {
     "SELECT_ROWS": [1, 2], "SELECT_WARPS": [4], "SELECT_INTERP": [0, 1]}
 
 
+# Hopper warp specialization of the row-tile expert GEMMs (TMA loads in a producer warp, the MMAs in
+# one consumer warpgroup: 4 warps, where Triton 3.6 specializes the loop; offline sm_90 compiles,
+# 2026-12-04e), beside each balanced-load shape's committed entry. The spaces' register bounds keep
+# the tiles a 4-warp program can hold.
+WARP_SPECIALIZED_SPACE = {"BLOCK_M": [64, 128], "BLOCK_N": [64, 128, 256], "BLOCK_K": [64], "GROUP_M": [8],
+                          "TMA": [1], "WARP_SPECIALIZE": [1], "num_warps": [4], "num_stages": [2, 3, 4],
+                          "maxnreg": [None]}
+ROW_TILE_GEMMS = ("expert_up_fwd", "expert_down_fwd", "expert_up_bwd_dx", "expert_down_bwd_dx")
+
+
+def warp_specialized_gemm_specs() -> list[tuple[str, dict]]:
+    """``WARP_SPECIALIZED_SPACE`` beside the committed entry at every balanced-load Flash and Pro shape
+    of the row-tile expert GEMMs (export with ``--merge --fastest`` those launches)."""
+    return [spec for kernel in ROW_TILE_GEMMS
+            for spec in grid_with_committed_specs(kernel, "warp-specialized", WARP_SPECIALIZED_SPACE,
+                                                  [s for s in shapes_of(kernel) if s["skew"] == 0],
+                                                  lambda shape: f"{shape['tokens']}-{shape['experts']}")]
+
+
 def untuned_gemm_specs() -> list[tuple[str, dict]]:
     """TPE sweeps of the expert GEMMs at the Flash and Pro shapes the committed sm_90 table holds no
     entry for, the weight gradients first. On 2026-12-04d these were both weight-gradient GEMMs at
@@ -777,6 +806,7 @@ def untuned_gemm_specs() -> list[tuple[str, dict]]:
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
     "gemm-untuned": untuned_gemm_specs,
+    "gemm-warp-specialized": warp_specialized_gemm_specs,
     "memory": lambda: per_preset_specs(MEMORY_BOUND),
     "attention": attention_specs,
     "tma": lambda: tma_specs(TMA_SPACES),

@@ -26,6 +26,11 @@ def current_arch() -> str:
     return f"sm_{props.major}{props.minor}"
 
 
+def backend_of(arch: str) -> str:
+    """The Triton backend that compiles for ``arch``: ``hip`` for AMD's ``gfx`` names, else ``cuda``."""
+    return "hip" if arch.startswith("gfx") else "cuda"
+
+
 def kernel_device() -> torch.device:
     """The device kernel inputs live on: the GPU, or the CPU under the interpreter."""
     if current_arch() == INTERPRETER_ARCH:

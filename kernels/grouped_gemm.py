@@ -137,6 +137,7 @@ def _grouped_gemm_kernel(
     tiles_m, N, K, stride_be, stride_bk, stride_bn,
     EPILOGUE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, TMA: tl.constexpr, B_KMAJOR: tl.constexpr, UPCAST: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):
     """``acc = A[rows] @ B_e[:, cols]`` for one tile of one expert's rows, then EPILOGUE.
 
@@ -144,12 +145,18 @@ def _grouped_gemm_kernel(
     (with TMA, ``a_ref`` and ``b_ref`` are descriptors instead, see ``_load_a`` / ``_load_b``).
     EPILOGUE: "swiglu" (also multiplies by the up half of B, columns N..2N; stores a and gu),
     "scale" (rows times scale), "swiglu_bwd" (stores dgu and dw partials), "plain".
+    WARP_SPECIALIZE (with TMA): Triton's Hopper warp specialization of the K loop, TMA loads in a
+    producer warp and the MMAs in the consumer warpgroup.
     """
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _swizzle(tl.program_id(0), tiles_m, tiles_n, GROUP_M)
     expert = tl.load(table_ptr + pid_m)
-    if expert < 0:
-        return
+    if WARP_SPECIALIZE:  # Triton 3.6's warp specialization pass asserts on an early return's branch
+        k_end = tl.where(expert < 0, 0, K)  # a tile past the last one: no step, every store masked
+    else:
+        if expert < 0:
+            return
+        k_end = K
     first_row = tl.load(table_ptr + tiles_m + pid_m)
     rows = first_row + tl.arange(0, BLOCK_M)
     row_mask = rows < tl.load(table_ptr + 2 * tiles_m + pid_m)
@@ -160,7 +167,7 @@ def _grouped_gemm_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if EPILOGUE == "swiglu":
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, k_end, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
         a = _load_a(a_ref, rows, row_mask, first_row, k0, K, BLOCK_K, TMA)
         b = _load_b(b_ref, expert, n0, k0, K, N, stride_be, stride_bk, stride_bn, BLOCK_N, BLOCK_K, TMA, B_KMAJOR)
         acc = _mma(a, b, acc, UPCAST)
@@ -296,7 +303,8 @@ def _gemm(
         (tiles_m * cdiv(n, config["BLOCK_N"]),),
         (a_ref, b_ref, table, out, out if scale is None else scale, out if gu is None else gu,
          out if partial is None else partial, tiles_m, n, k, *b.stride()),
-        {"EPILOGUE": epilogue, **_tile_constexprs(config), **tma},
+        {"EPILOGUE": epilogue, **_tile_constexprs(config), **tma,
+         "WARP_SPECIALIZE": tma["TMA"] and bool(config.get("WARP_SPECIALIZE", 0))},
         config,
         compile_only,
     )
@@ -597,7 +605,7 @@ def _default_gemm_config(shape: Shape, block_n: int = 128) -> Config:
     """Row tiles about one expert's load (64-128 rows at the V4 presets), 64-deep K steps."""
     t, e, _, _ = _dims(shape)
     block_m = min(128, max(32, next_pow2(cdiv(t, e))))
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 64, "GROUP_M": 8, "TMA": 0,
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 64, "GROUP_M": 8, "TMA": 0, "WARP_SPECIALIZE": 0,
             "num_warps": 8 if block_m == 128 else 4, "num_stages": 3}
 
 

@@ -18,13 +18,21 @@ and any launch it cannot key (another argument type, Triton's launch hooks set, 
 constexprs do not follow its other arguments), goes through ``JITFunction.run``. Triton's
 compile-time knobs (``debug``, instrumentation) are those of a key's first launch.
 ``TUNER_LAUNCH_CACHE=0`` turns it off.
+
+Some compiler knobs are not launch options but environment variables that Triton's compiler
+reads (AMD's block ping-pong schedule and async copies to LDS). ``launch`` sets them around a
+compile and keys compiled kernels by them. Triton 3.6's own in-memory cache of a kernel's compiled
+forms does not key by them (its on-disk cache does): within one process it would hand a sweep the
+first config's binary for every later one (offline gfx950 compiles, 2026-12-04e). So when they
+change between two compiles of a kernel, its in-memory cache is dropped first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import triton
@@ -34,7 +42,7 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.arch import INTERPRETER_ARCH, current_arch
+from kernels.arch import INTERPRETER_ARCH, backend_of, current_arch
 
 # Read at each launch, so that a benchmark can time both paths in one process.
 CACHE_COMPILED = os.environ.get("TUNER_LAUNCH_CACHE", "1") != "0"
@@ -42,10 +50,16 @@ _UNKEYABLE = object()
 _compiled: dict[tuple, Any] = {}
 
 _COMMON_OPTIONS = ("num_warps", "num_stages")
-_BACKEND_KNOBS = {
+# Per backend: the knobs passed to Triton as launch options, and those it reads from the environment.
+LAUNCH_KNOBS = {
     "cuda": ("maxnreg",),
     "hip": ("waves_per_eu", "matrix_instr_nonkdim", "kpack"),
 }
+ENVIRONMENT_KNOBS = {
+    "cuda": {},
+    "hip": {"block_pingpong": "TRITON_HIP_USE_BLOCK_PINGPONG", "async_copy": "TRITON_HIP_USE_ASYNC_COPY"},
+}
+_environment_of: dict[Any, tuple[tuple[str, str], ...]] = {}  # per kernel: the environment knobs it last compiled with
 
 
 def tma_ready(t: torch.Tensor) -> bool:
@@ -86,15 +100,44 @@ def check_gluon(form: str, misfit: str | None) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _option_names() -> tuple[str, ...]:
-    if current_arch() == INTERPRETER_ARCH:
+def _option_names(arch: str) -> tuple[str, ...]:
+    if arch == INTERPRETER_ARCH:
         return _COMMON_OPTIONS
-    return _COMMON_OPTIONS + _BACKEND_KNOBS["hip" if torch.version.hip else "cuda"]
+    return _COMMON_OPTIONS + LAUNCH_KNOBS[backend_of(arch)]
 
 
 def launch_options(config: dict[str, Any]) -> dict[str, Any]:
     """The Triton launch keyword options in ``config``, for the running backend."""
-    return {name: config[name] for name in _option_names() if config.get(name) is not None}
+    return {name: config[name] for name in _option_names(current_arch()) if config.get(name) is not None}
+
+
+def compiler_environment(config: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The environment variables (name, "1" or "0") that ``config``'s set environment knobs ask of
+    Triton's compiler on the running backend; none under the interpreter."""
+    if current_arch() == INTERPRETER_ARCH:
+        return ()
+    knobs_here = ENVIRONMENT_KNOBS[backend_of(current_arch())]
+    return tuple((variable, "1" if config[name] else "0") for name, variable in sorted(knobs_here.items())
+                 if config.get(name) is not None)
+
+
+@contextlib.contextmanager
+def _compiling_with(kernel: Any, environment: tuple[tuple[str, str], ...]) -> Iterator[None]:
+    """Set ``environment`` for a compile of ``kernel`` (restored after it), dropping the kernel's
+    in-memory compiled forms when they were compiled with other environment knobs."""
+    if _environment_of.get(kernel, ()) != environment and hasattr(kernel, "device_caches"):
+        kernel.device_caches.clear()  # rebuilt per device on the next lookup
+    _environment_of[kernel] = environment
+    saved = {variable: os.environ.get(variable) for variable, _ in environment}
+    os.environ.update(environment)
+    try:
+        yield
+    finally:
+        for variable, value in saved.items():
+            if value is None:
+                os.environ.pop(variable, None)
+            else:
+                os.environ[variable] = value
 
 
 def launch(
@@ -113,17 +156,20 @@ def launch(
     launches nothing, since CUDA rejects it.
     """
     options = {**constexprs, **launch_options(config)}
+    environment = compiler_environment(config)
     if compile_only:
         if current_arch() != INTERPRETER_ARCH:
-            kernel.warmup(*args, grid=grid, **options)
+            with _compiling_with(kernel, environment):
+                kernel.warmup(*args, grid=grid, **options)
     elif all(grid):
-        key = _launch_key(kernel, args, options) if CACHE_COMPILED else None
+        key = _launch_key(kernel, args, options, environment) if CACHE_COMPILED else None
         try:
             cached = _compiled.get(key) if key is not None else None
         except TypeError:  # an unhashable constexpr: Triton's path
             key = cached = None
         if cached is None:
-            compiled = kernel.run(*args, grid=grid, warmup=False, **options)  # kernel[grid](...) without its proxy
+            with _compiling_with(kernel, environment):
+                compiled = kernel.run(*args, grid=grid, warmup=False, **options)  # kernel[grid](...) without its proxy
             names = _trailing_constexprs(kernel, len(args)) if key is not None else None
             if compiled is not None and names is not None and all(name in constexprs for name in names):
                 _compiled[key] = compiled.result() if hasattr(compiled, "result") else compiled, names
@@ -153,9 +199,10 @@ def _hook_idle(hook: Any) -> bool:
     return hook is None or getattr(hook, "calls", None) == []
 
 
-def _launch_key(kernel: Any, args: tuple[Any, ...], options: dict[str, Any]) -> tuple | None:
-    """The compiled-kernel key of a launch (the kernel, the current device, the options, the arguments'
-    specializations), or None where only ``JITFunction.run`` may launch it."""
+def _launch_key(kernel: Any, args: tuple[Any, ...], options: dict[str, Any],
+                environment: tuple[tuple[str, str], ...]) -> tuple | None:
+    """The compiled-kernel key of a launch (the kernel, the current device, the options and compiler
+    environment, the arguments' specializations), or None where only ``JITFunction.run`` may launch it."""
     if (type(kernel) is not JITFunction or kernel.pre_run_hooks or current_arch() == INTERPRETER_ARCH
             or not (_hook_idle(knobs.runtime.launch_enter_hook) and _hook_idle(knobs.runtime.launch_exit_hook))
             or _trailing_constexprs(kernel, len(args)) is None):
@@ -163,7 +210,7 @@ def _launch_key(kernel: Any, args: tuple[Any, ...], options: dict[str, Any]) -> 
     arg_keys = tuple(_arg_key(arg) for arg in args)
     if _UNKEYABLE in arg_keys:
         return None
-    return kernel, driver.active.get_current_device(), tuple(options.items()), arg_keys
+    return kernel, driver.active.get_current_device(), tuple(options.items()), environment, arg_keys
 
 
 @functools.lru_cache(maxsize=None)

@@ -152,14 +152,17 @@ def test_tile_table_covers_every_row_once(block_m):
 
 
 CONFIGS = [
-    {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 1, "num_stages": 1, "TMA": 0},
+    {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 1, "num_stages": 1, "TMA": 0, "WARP_SPECIALIZE": 0},
     # K steps past the edge of D = 40 and F = 24; swizzle groups of 4 over a ragged row-tile count.
-    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 2, "num_stages": 2, "TMA": 0},
-    {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 64, "GROUP_M": 2, "num_warps": 4, "num_stages": 3, "TMA": 0},
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 2, "num_stages": 2, "TMA": 0, "WARP_SPECIALIZE": 0},
+    {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 64, "GROUP_M": 2, "num_warps": 4, "num_stages": 3, "TMA": 0, "WARP_SPECIALIZE": 0},
     # TMA descriptors (the weight-gradient launches have no TMA path and ignore it): tiles past
     # the expert's rows, the K edge and, for W13's gate half, into the up rows.
-    {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 1, "num_stages": 1, "TMA": 1},
-    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 2, "num_stages": 2, "TMA": 1},
+    {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 1, "num_stages": 1, "TMA": 1, "WARP_SPECIALIZE": 0},
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 2, "num_stages": 2, "TMA": 1, "WARP_SPECIALIZE": 0},
+    # Warp-specialized: tiles past the last one run no step instead of returning early.
+    {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 4, "num_stages": 2, "TMA": 1,
+     "WARP_SPECIALIZE": 1},
 ]
 
 
@@ -169,7 +172,8 @@ def _for_launch(name: str, config: dict) -> dict:
     return {**config, "BLOCK_K": 16} if name.endswith("_dw") else config
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=["16-16-16", "16-32-32", "32-16-64", "tma-16-16-16", "tma-16-32-32"])
+@pytest.mark.parametrize("config", CONFIGS, ids=["16-16-16", "16-32-32", "32-16-64", "tma-16-16-16", "tma-16-32-32",
+                                               "tma-ws-16-32-32"])
 @pytest.mark.parametrize("name", LAUNCHES)
 def test_tuned_configs_match_reference(name, config):
     assert_config_matches_reference(registry.get(name), _for_launch(name, config), seed=3)
@@ -264,7 +268,7 @@ signature = {"a_ref": "tensordesc<bf16[128,64]>", "b_ref": f"tensordesc<bf16{b_b
              "out_ptr": "*bf16", "scale_ptr": "*fp32", "gu_ptr": "*bf16", "partial_ptr": "*fp32", "tiles_m": "i32",
              "N": "i32", "K": "i32", "stride_be": "i32", "stride_bk": "i32", "stride_bn": "i32"}
 constexprs = {"EPILOGUE": epilogue, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "TMA": True,
-              "B_KMAJOR": kmajor, "UPCAST": False}
+              "B_KMAJOR": kmajor, "UPCAST": False, "WARP_SPECIALIZE": False}
 source = ASTSource(fn=kernel, signature={**signature, **{c: "constexpr" for c in constexprs}},
                    constexprs={(kernel.arg_names.index(c),): v for c, v in constexprs.items()})
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})

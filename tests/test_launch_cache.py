@@ -150,7 +150,7 @@ def test_only_kernels_whose_constexprs_come_last_are_cached():
 def test_the_interpreter_is_never_cached(monkeypatch):
     monkeypatch.setattr(launch_module, "current_arch", lambda: launch_module.INTERPRETER_ARCH)
     kernel = JITFunction(_kernel_body)
-    assert launch_module._launch_key(kernel, (torch.zeros(4), 3, 0.5), {"BLOCK": 4}) is None
+    assert launch_module._launch_key(kernel, (torch.zeros(4), 3, 0.5), {"BLOCK": 4}, ()) is None
 
 
 def _in_a_new_thread(body):

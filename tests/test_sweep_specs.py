@@ -105,3 +105,24 @@ def test_untuned_gemm_group_sweeps_every_expert_gemm_shape_the_table_lacks(tmp_p
     assert all(spec["strategy"]["name"] == "tpe" and "timing" not in spec for spec in specs)
     for spec in specs:
         parse_spec(spec)
+
+
+def test_warp_specialized_group_sweeps_4_warp_tma_tiles_beside_what_each_shape_runs_now(tmp_path, monkeypatch):
+    """At every balanced-load shape of the four row-tile GEMMs: a grid of warp-specialized tiles and
+    a one-point grid of what ``tuning.resolve`` runs there now (the committed entry over the default,
+    or the default where the table has none)."""
+    run_main(monkeypatch, str(tmp_path), "gemm-warp-specialized")
+    specs = {p.stem: parse_spec(yaml.safe_load(p.read_text())) for p in tmp_path.glob("*.yaml")}
+    entries = load_table("sm_90")["entries"]
+    for kernel in sweep_specs.ROW_TILE_GEMMS:
+        balanced = [s for s in sweep_specs.shapes_of(kernel) if s["skew"] == 0]
+        mine = {name: s for name, s in specs.items() if s.kernel == kernel}
+        assert len(mine) == 2 * len(balanced) == 12
+        for name, spec in mine.items():
+            [shape] = spec.resolved_shapes()
+            if name.endswith("-grid"):
+                assert spec.space["WARP_SPECIALIZE"] == [1] and spec.space["num_warps"] == [4]
+                continue
+            key = registry.get(kernel).shape_key(shape)
+            runs_now = registry.get(kernel).default_config(shape) | entries.get(kernel, {}).get(key, {}).get("config", {})
+            assert {p: v for p, (v,) in spec.space.items()} == runs_now

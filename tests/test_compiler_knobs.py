@@ -1,0 +1,128 @@
+"""Compiler knobs reach the compiler: AMD's environment knobs (block ping-pong, async copy) set around
+each compile and keyed per config, Hopper warp specialization in the expert GEMMs, and every knob a
+search space tunes known to ``kernels.launch``. The end-to-end checks compile offline (no GPU) with the
+wheel's own compilers, in a child process without TRITON_INTERPRET, through
+``bench/offline_compiler_knobs.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+from kernels import launch as launch_module
+from search_spaces import load_space
+from search_spaces.space import space_dirs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _kernel_body(x_ptr, BLOCK: tl.constexpr):
+    pass
+
+
+@pytest.fixture
+def pretend_gfx950(monkeypatch):
+    """A real JITFunction on a pretend gfx950 whose ``run`` records the environment it compiled under."""
+    kernel = JITFunction(_kernel_body)
+    seen = []
+    kernel.run = lambda *args, grid, warmup, **options: seen.append(
+        (os.environ.get("TRITON_HIP_USE_ASYNC_COPY"), dict(kernel.device_caches)))
+    monkeypatch.setattr(launch_module, "current_arch", lambda: "gfx950")
+    monkeypatch.setattr(launch_module, "CACHE_COMPILED", False)
+    monkeypatch.delenv("TRITON_HIP_USE_ASYNC_COPY", raising=False)
+    return kernel, seen
+
+
+def _launch(kernel, **knobs):
+    launch_module.launch(kernel, (1,), (None,), {"BLOCK": 16}, {"num_warps": 4, **knobs})
+
+
+def test_environment_knobs_are_set_around_a_compile_and_restored(pretend_gfx950):
+    kernel, seen = pretend_gfx950
+    _launch(kernel, async_copy=1)
+    _launch(kernel, async_copy=0)
+    _launch(kernel)  # not set: Triton's own default
+    assert [env for env, _ in seen] == ["1", "0", None]
+    assert "TRITON_HIP_USE_ASYNC_COPY" not in os.environ
+
+
+def test_a_kernel_drops_its_compiled_forms_only_when_its_environment_knobs_change(pretend_gfx950):
+    """Triton keys its in-memory compiled kernels without the environment: a form compiled with async
+    copies would otherwise be reused for a config without them."""
+    kernel, seen = pretend_gfx950
+    _launch(kernel, async_copy=1)
+    kernel.device_caches[0] = "compiled with async copies"
+    _launch(kernel, async_copy=1)  # the same knobs: kept
+    assert seen[-1][1] == {0: "compiled with async copies"}
+    _launch(kernel, async_copy=0)
+    assert seen[-1][1] == {}
+
+
+def test_environment_knobs_are_only_those_of_the_running_backend(monkeypatch):
+    config = {"async_copy": 1, "block_pingpong": 0, "maxnreg": 128}
+    monkeypatch.setattr(launch_module, "current_arch", lambda: "gfx942")
+    assert launch_module.compiler_environment(config) == (("TRITON_HIP_USE_ASYNC_COPY", "1"),
+                                                          ("TRITON_HIP_USE_BLOCK_PINGPONG", "0"))
+    assert launch_module.launch_options({**config, "waves_per_eu": 2}) == {"waves_per_eu": 2}
+    monkeypatch.setattr(launch_module, "current_arch", lambda: "sm_90")
+    assert launch_module.compiler_environment(config) == ()
+    assert launch_module.launch_options(config) == {"maxnreg": 128}
+
+
+def test_the_launch_cache_keys_on_environment_knobs(monkeypatch):
+    monkeypatch.setattr(launch_module, "current_arch", lambda: "gfx950")
+    monkeypatch.setattr(launch_module, "driver", type("Driver", (), {"active": type("A", (), {
+        "get_current_device": staticmethod(lambda: 0)})()}))
+    kernel = JITFunction(_kernel_body)
+    keys = {launch_module._launch_key(kernel, (3,), {"BLOCK": 16}, env)
+            for env in ((), (("TRITON_HIP_USE_ASYNC_COPY", "1"),), (("TRITON_HIP_USE_ASYNC_COPY", "0"),))}
+    assert len(keys) == 3 and None not in keys
+
+
+def test_every_knob_a_space_tunes_is_one_kernels_launch_passes_on():
+    known = {backend: set(launch_module.LAUNCH_KNOBS[backend]) | set(launch_module.ENVIRONMENT_KNOBS[backend])
+             for backend in launch_module.LAUNCH_KNOBS}
+    spaces = sorted(p.stem for d in space_dirs() for p in d.glob("*.yaml") if p.stem != "fault_probe")
+    assert spaces
+    for name in spaces:
+        for backend, knobs in load_space(name).knobs.items():
+            assert set(knobs) <= known[backend], f"{name}: {backend} knobs {set(knobs) - known[backend]} do nothing"
+
+
+def _offline_marks(arch: str, variants: dict) -> dict[str, dict]:
+    """Each variant's compile marks from ``bench/offline_compiler_knobs.py`` at the small expert_down_fwd
+    shape, compiled for ``arch`` in one child process in the order given."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "bench"), env.get("PYTHONPATH", "")])
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "marks.json"
+        done = subprocess.run([sys.executable, str(ROOT / "bench" / "offline_compiler_knobs.py"), str(out), arch,
+                               "expert_down_fwd", "small", "tokens=22", json.dumps(variants)],
+                              env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows = json.loads(out.read_text())["rows"]
+    return {row["variant"]: row["triton_kernels"]["_grouped_gemm_kernel"] for row in rows}
+
+
+def test_async_copy_changes_the_gfx950_compile_within_one_process():
+    tile = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2}
+    marks = _offline_marks("gfx950", {"sync": {**tile, "async_copy": 0}, "async": {**tile, "async_copy": 1},
+                                      "sync_again": {**tile, "async_copy": 0}})
+    assert marks["sync"]["lds_direct_loads"] == 0 < marks["async"]["lds_direct_loads"]
+    assert marks["async"]["shared_bytes"] > marks["sync"]["shared_bytes"]  # two LDS buffers
+    assert marks["sync_again"]["digest"] == marks["sync"]["digest"]
+
+
+def test_warp_specialize_splits_the_expert_gemm_on_sm_90():
+    tile = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": 1, "num_warps": 4, "num_stages": 3}
+    marks = _offline_marks("sm_90", {"plain": tile, "specialized": {**tile, "WARP_SPECIALIZE": 1}})
+    assert marks["plain"]["warp_specialize"] == marks["plain"]["setmaxnreg"] == 0
+    assert marks["specialized"]["warp_specialize"] >= 1 and marks["specialized"]["setmaxnreg"] > 0
