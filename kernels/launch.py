@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from typing import Any, Iterator
 
 import torch
@@ -60,6 +61,7 @@ ENVIRONMENT_KNOBS = {
     "hip": {"block_pingpong": "TRITON_HIP_USE_BLOCK_PINGPONG", "async_copy": "TRITON_HIP_USE_ASYNC_COPY"},
 }
 _environment_of: dict[Any, tuple[tuple[str, str], ...]] = {}  # per kernel: the environment knobs it last compiled with
+_ENVIRONMENT_LOCK = threading.RLock()  # held through each compile of ``launch``
 
 
 def tma_ready(t: torch.Tensor) -> bool:
@@ -124,20 +126,22 @@ def compiler_environment(config: dict[str, Any]) -> tuple[tuple[str, str], ...]:
 @contextlib.contextmanager
 def _compiling_with(kernel: Any, environment: tuple[tuple[str, str], ...]) -> Iterator[None]:
     """Set ``environment`` for a compile of ``kernel`` (restored after it), dropping the kernel's
-    in-memory compiled forms when they were compiled with other environment knobs."""
-    if _environment_of.get(kernel, ()) != environment and hasattr(kernel, "device_caches"):
-        kernel.device_caches.clear()  # rebuilt per device on the next lookup
-    _environment_of[kernel] = environment
-    saved = {variable: os.environ.get(variable) for variable, _ in environment}
-    os.environ.update(environment)
-    try:
-        yield
-    finally:
-        for variable, value in saved.items():
-            if value is None:
-                os.environ.pop(variable, None)
-            else:
-                os.environ[variable] = value
+    in-memory compiled forms when they were compiled with other environment knobs. The environment
+    is the process's, so compiles of other threads (autograd's backward) wait for this one."""
+    with _ENVIRONMENT_LOCK:
+        if _environment_of.get(kernel, ()) != environment and hasattr(kernel, "device_caches"):
+            kernel.device_caches.clear()  # rebuilt per device on the next lookup
+        _environment_of[kernel] = environment
+        saved = {variable: os.environ.get(variable) for variable, _ in environment}
+        os.environ.update(environment)
+        try:
+            yield
+        finally:
+            for variable, value in saved.items():
+                if value is None:
+                    os.environ.pop(variable, None)
+                else:
+                    os.environ[variable] = value
 
 
 def launch(

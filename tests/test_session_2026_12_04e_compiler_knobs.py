@@ -1,0 +1,85 @@
+"""The 2026-12-04e write-up's offline compiles (``bench/offline_compiler_knobs.sh``): its tables reprint
+from the raw results, and what it says each compiler knob changed is what the raw results hold."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.bench_reprint import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))  # the script imports its sibling bench modules by name
+from offline_compiler_knobs import marks_table  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "2026-12-04e-cpu-compiler-knobs"
+RUNS = ["sm_90-warp-specialize", "sm_100-warp-specialize", "gfx942-async-copy-and-pingpong", "gfx950-async-copy-and-pingpong",
+        "sm_90-tuned-after", "sm_90-tuned-before"]
+AMD = ["gfx942", "gfx950"]
+
+
+def _marks(run: str) -> dict[tuple[str, str], dict]:
+    """(launch, variant) -> the marks of the launch's one compiled kernel."""
+    rows = json.loads((RESULTS / f"{run}.json").read_text())["rows"]
+    return {(r["kernel"], r["variant"]): next(iter(r["triton_kernels"].values())) for r in rows}
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_tables_reprint(run):
+    rows = json.loads((RESULTS / f"{run}.json").read_text())["rows"]
+    assert marks_table(rows) == (RESULTS / f"{run}.md").read_text()
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+def test_warp_specialization_takes_the_4_warp_loops_only(arch):
+    marks = _marks(f"{arch}-warp-specialize")
+    launches = {launch for launch, _ in marks}
+    assert launches == ({"expert_up_fwd", "expert_down_fwd", "expert_up_bwd_dx", "expert_down_bwd_dx"}
+                        if arch == "sm_90" else {"expert_down_fwd"})
+    for (launch, variant), m in marks.items():
+        if arch == "sm_100":
+            assert (m["warp_specialize"] > 0) == variant.endswith("-ws")
+            continue
+        specialized = variant.endswith("-w4-ws")
+        assert (m["warp_specialize"], m["setmaxnreg"]) == ((1, 8) if specialized else (0, 0)), (launch, variant)
+        if specialized:
+            assert m["registers"] == 168
+            assert m["shared_bytes"] > marks[(launch, variant.removesuffix("-ws"))]["shared_bytes"]
+
+
+def test_async_copies_load_straight_to_lds_into_more_of_it():
+    for arch in AMD:
+        marks = _marks(f"{arch}-async-copy-and-pingpong")
+        for (launch, variant), m in marks.items():
+            if "async" in variant:
+                assert m["lds_direct_loads"] > 0, (arch, launch, variant)
+            else:
+                assert m["lds_direct_loads"] == 0, (arch, launch, variant)
+        for launch in {launch for launch, _ in marks}:
+            assert marks[(launch, "128x128-async")]["shared_bytes"] > marks[(launch, "128x128")]["shared_bytes"]
+
+
+def test_ping_pong_schedules_the_one_dot_loops_and_leaves_the_other_two():
+    one_dot = {"expert_down_fwd", "expert_up_bwd_dx", "expert_down_bwd_dx", "expert_up_bwd_dw"}
+    for arch in AMD:
+        marks = _marks(f"{arch}-async-copy-and-pingpong")
+        for launch in {launch for launch, _ in marks}:
+            pingpong, plain = marks[(launch, "128x256-pingpong")], marks[(launch, "128x256")]
+            if launch in one_dot:
+                assert pingpong["s_setprio"] == 4 and plain["s_setprio"] == 0, (arch, launch)
+            else:  # the up GEMM's two dots, the down weight gradient's scaled operand: the same code
+                assert pingpong["digest"] == plain["digest"], (arch, launch)
+            assert marks[(launch, "128x256-async-pingpong")]["s_setprio"] == 0  # not beside async copies
+
+
+def test_the_knobs_constexpr_left_every_measured_config_s_code_as_it_was():
+    rows = json.loads((RESULTS / "sm_90-tuned-after.json").read_text())["rows"]
+    assert len(rows) >= 24 and {r["variant"] for r in rows} == {"default", "tuned"}
+    after_by_shape = {(r["kernel"], r["shape"], r["variant"]): r["triton_kernels"] for r in rows}
+    before_rows = json.loads((RESULTS / "sm_90-tuned-before.json").read_text())["rows"]
+    before_by_shape = {(r["kernel"], r["shape"], r["variant"]): r["triton_kernels"] for r in before_rows}
+    assert after_by_shape.keys() == before_by_shape.keys()
+    for key, kernels in after_by_shape.items():
+        assert {fn: m["digest"] for fn, m in kernels.items()} == \
+            {fn: m["digest"] for fn, m in before_by_shape[key].items()}, key
