@@ -209,9 +209,9 @@ def attention_grid_with_committed_specs(kernel: str, name: str, space: dict) -> 
 def grid_with_committed_specs(kernel: str, name: str, space: dict, shapes: list[dict],
                               label: Callable[[dict], str]) -> list[tuple[str, dict]]:
     """At each of ``shapes`` (named in the spec by ``label``), the grid of ``space`` beside the shape's
-    committed entry (a one-point grid; the heuristic default where the table has none), which the export must be able to keep: export with
-    ``--fastest KERNEL`` where the grid leaves the committed config out, since the export
-    otherwise takes the newer sweep's winner, the grid's."""
+    committed entry (a one-point grid; the heuristic default where the table has none), which the
+    export must be able to keep: export with ``--fastest KERNEL`` where the grid leaves the committed
+    config out, since the export otherwise takes the newer sweep's winner, the grid's."""
     specs = []
     for shape in shapes:
         prefix = f"{kernel}-{name}-{label(shape)}"

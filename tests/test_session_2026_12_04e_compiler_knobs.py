@@ -14,8 +14,8 @@ sys.path.insert(0, str(ROOT / "bench"))  # the script imports its sibling bench 
 from offline_compiler_knobs import marks_table  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "2026-12-04e-cpu-compiler-knobs"
-RUNS = ["sm_90-warp-specialize", "sm_100-warp-specialize", "gfx942-async-copy-and-pingpong", "gfx950-async-copy-and-pingpong",
-        "sm_90-tuned-after", "sm_90-tuned-before"]
+RUNS = ["sm_90-warp-specialize", "sm_100-warp-specialize", "gfx942-async-copy-and-pingpong",
+        "gfx950-async-copy-and-pingpong", "sm_90-tuned-after", "sm_90-tuned-before"]
 AMD = ["gfx942", "gfx950"]
 
 
