@@ -68,12 +68,22 @@ def knob_marks(compiled: Any) -> dict[str, Any]:
             "setmaxnreg": compiled.asm["ptx"].count("setmaxnreg"), "digest": _digest(compiled.asm["ptx"])}
 
 
+def compile_error(exc: Exception) -> str:
+    """The exception's type and first line (Triton reports a failed pass, its assertions included, as
+    ``RuntimeError: PassManager::run failed``; the pass it names goes to stderr)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def marks_table(rows: list[dict[str, Any]]) -> str:
     """The rows as markdown: one line per compiled Triton kernel of each variant."""
     columns = sorted({name for row in rows for marks in row["triton_kernels"].values() for name in marks} - {"digest"})
     lines = ["| arch | launch | shape | variant | Triton kernel | " + " | ".join(columns) + " | digest |",
              "|---" * (6 + len(columns)) + "|"]
     for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['arch']} | {row['kernel']} | {row['shape']} | {row['variant']} | "
+                         f"does not compile: {row['error']} |" + " |" * (len(columns) + 1))
         for fn, marks in row["triton_kernels"].items():
             lines.append(f"| {row['arch']} | {row['kernel']} | {row['shape']} | {row['variant']} | {fn} | "
                          + " | ".join(str(marks.get(c, "-")) for c in columns) + f" | {marks['digest']} |")
@@ -104,10 +114,13 @@ def main() -> None:
             inputs = kernel.make_inputs(shape, torch.device("cpu"), 3)
             for variant, config in configs_at(kernel, shape, entries.get(name, {}), variants).items():
                 kernel_resources._launched.clear()
-                kernel.run(inputs, config)
+                row = {"arch": args.arch, "kernel": name, "shape": key, "variant": variant, "config": config}
+                try:
+                    kernel.run(inputs, config)
+                except Exception as exc:  # noqa: BLE001 - a config the compiler rejects is a result
+                    row["error"] = compile_error(exc)
                 launched = {fn: knob_marks(compiled) for fn, compiled in kernel_resources._launched}
-                rows.append({"arch": args.arch, "kernel": name, "shape": key, "variant": variant, "config": config,
-                             "triton_kernels": launched})
+                rows.append({**row, "triton_kernels": launched})
                 print(args.arch, name, key, variant, json.dumps(launched), flush=True)
             del inputs
     args.out.write_text(json.dumps({"triton": triton.__version__, "arch": args.arch, "rows": rows}, indent=1))

@@ -49,3 +49,21 @@ for side in after before; do
     table:kernels/tables/sm_90.json)
 done
 git worktree remove --force "$tree"
+# Every warp-specialized config that GROUP=gemm-warp-specialized (bench/sweep_specs.py) sweeps and the
+# launch's space admits at the EP = 8 shape, and the 256-wide tiles that the spaces leave out since
+# Triton 3.6 does not compile them.
+for kernel in expert_up_fwd expert_down_fwd expert_up_bwd_dx expert_down_bwd_dx; do
+  grid=$(PYTHONPATH=.:bench "$venv/bin/python" -c "
+import json, sys
+from search_spaces import load_space
+from sweep_specs import WARP_SPECIALIZED_SPACE
+from kernels import registry
+shape = registry.get('$kernel').presets['v4-flash'][0]
+space = load_space('$kernel').with_overrides(WARP_SPECIALIZED_SPACE)
+print(json.dumps({f\"{c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']}-s{c['num_stages']}\": c
+                  for c in space.grid('sm_90') if space.violation(c, shape, 'sm_90') is None}))")
+  knobs "$out/sm_90-warp-specialized-grid-$kernel.json" sm_90 $kernel v4-flash "$shape" "$grid"
+done
+knobs "$out/sm_90-warp-specialized-256-wide.json" sm_90 expert_down_fwd,expert_up_bwd_dx v4-flash "$shape" '{
+  "64x256x64-s2": {"BLOCK_M": 64, "BLOCK_N": 256, "BLOCK_K": 64, "TMA": 1, "num_warps": 4, "num_stages": 2, "WARP_SPECIALIZE": 1},
+  "64x256x64-s3": {"BLOCK_M": 64, "BLOCK_N": 256, "BLOCK_K": 64, "TMA": 1, "num_warps": 4, "num_stages": 3, "WARP_SPECIALIZE": 1}}'

@@ -14,8 +14,12 @@ sys.path.insert(0, str(ROOT / "bench"))  # the script imports its sibling bench 
 from offline_compiler_knobs import marks_table  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "2026-12-04e-cpu-compiler-knobs"
+ROW_TILE_GEMMS = ["expert_up_fwd", "expert_down_fwd", "expert_up_bwd_dx", "expert_down_bwd_dx"]
+GRIDS = [f"sm_90-warp-specialized-grid-{launch}" for launch in ROW_TILE_GEMMS]
 RUNS = ["sm_90-warp-specialize", "sm_100-warp-specialize", "gfx942-async-copy-and-pingpong",
-        "gfx950-async-copy-and-pingpong", "sm_90-tuned-after", "sm_90-tuned-before"]
+        "gfx950-async-copy-and-pingpong", "sm_90-tuned-after", "sm_90-tuned-before",
+        "sm_90-warp-specialized-256-wide", *GRIDS]
+SHARED_BYTES_A_BLOCK = 232_448  # sm_90's opt-in limit (search_spaces/arch_facts.py)
 AMD = ["gfx942", "gfx950"]
 
 
@@ -35,8 +39,7 @@ def test_tables_reprint(run):
 def test_warp_specialization_takes_the_4_warp_loops_only(arch):
     marks = _marks(f"{arch}-warp-specialize")
     launches = {launch for launch, _ in marks}
-    assert launches == ({"expert_up_fwd", "expert_down_fwd", "expert_up_bwd_dx", "expert_down_bwd_dx"}
-                        if arch == "sm_90" else {"expert_down_fwd"})
+    assert launches == (set(ROW_TILE_GEMMS) if arch == "sm_90" else {"expert_down_fwd"})
     for (launch, variant), m in marks.items():
         if arch == "sm_100":
             assert (m["warp_specialize"] > 0) == variant.endswith("-ws")
@@ -83,3 +86,34 @@ def test_the_knobs_constexpr_left_every_measured_config_s_code_as_it_was():
     for key, kernels in after_by_shape.items():
         assert {fn: m["digest"] for fn, m in kernels.items()} == \
             {fn: m["digest"] for fn, m in before_by_shape[key].items()}, key
+
+
+def test_every_warp_specialized_config_the_grid_sweeps_compiles_specialized_and_fits():
+    """The configs of ``GROUP=gemm-warp-specialized`` that each space admits (as the script lists them,
+    from the committed spaces) compile specialized within a block's shared memory; only the down dX,
+    whose epilogue holds the SwiGLU backward, spills (16-104 bytes)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from search_spaces import load_space
+    from sweep_specs import WARP_SPECIALIZED_SPACE
+    from kernels import registry
+
+    counts = {}
+    for launch, grid in zip(ROW_TILE_GEMMS, GRIDS):
+        rows = json.loads((RESULTS / f"{grid}.json").read_text())["rows"]
+        shape = registry.get(launch).presets["v4-flash"][0]
+        space = load_space(launch).with_overrides(WARP_SPECIALIZED_SPACE)
+        admitted = [c for c in space.grid("sm_90") if space.violation(c, shape, "sm_90") is None]
+        assert sorted(json.dumps(r["config"], sort_keys=True) for r in rows) == \
+            sorted(json.dumps({**registry.get(launch).default_config(shape), **c}, sort_keys=True) for c in admitted)
+        for row in rows:
+            assert "error" not in row, (launch, row["variant"])
+            [marks] = row["triton_kernels"].values()
+            assert marks["warp_specialize"] == 1 and marks["shared_bytes"] <= SHARED_BYTES_A_BLOCK
+            assert marks["spilled_bytes"] <= (104 if launch == "expert_down_bwd_dx" else 0)
+        counts[launch] = len(rows)
+    assert counts == {"expert_up_fwd": 9, "expert_down_fwd": 12, "expert_up_bwd_dx": 12, "expert_down_bwd_dx": 3}
+
+
+def test_256_wide_warp_specialized_tiles_do_not_compile():
+    rows = json.loads((RESULTS / "sm_90-warp-specialized-256-wide.json").read_text())["rows"]
+    assert len(rows) == 4 and all(r["error"] == "RuntimeError: PassManager::run failed" for r in rows)
