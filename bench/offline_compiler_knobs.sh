@@ -35,6 +35,12 @@ for arch in gfx942 gfx950; do
   "128x256-pingpong": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2, "async_copy": 0, "block_pingpong": 1},
   "128x256-async-pingpong": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2, "async_copy": 1, "block_pingpong": 1}}'
 done
+# kpack, which Triton 3.6 overrides to 1 on gfx950 (so its spaces leave 2 out there: ignored_knob_values).
+for arch in gfx942 gfx950; do
+  knobs "$out/$arch-kpack.json" $arch expert_down_fwd v4-flash "$shape" '{
+  "kpack-1": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2, "kpack": 1},
+  "kpack-2": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 2, "kpack": 2}}'
+done
 # The row-tile GEMMs' default and tuned configs (the committed table) at the Flash EP = 8 shapes,
 # compiled from this tree and from BEFORE (the commit before WARP_SPECIALIZE, with this script): equal
 # code digests say the knob's constexpr branch left the code of every measured config as it was.

@@ -6,7 +6,9 @@ Triton's tensor descriptors load through the tensor-memory accelerator (Hopper a
 interpreter emulates them); ``wgmma``: whether Gluon's warpgroup MMA compiles there (sm_90 only;
 the interpreter cannot run Gluon); ``warp_specialize``: whether Triton warp-specializes a loop of
 TMA loads asked to (``tl.range(..., warp_specialize=True)``; checked by offline compiles, the
-interpreter runs the loop as written).
+interpreter runs the loop as written); ``ignored_knob_values``: knob values the arch's compiler
+overrides, which the spaces therefore leave out there (Triton 3.6 compiles ``kpack`` 2 as 1 for gfx950,
+with a deprecation warning: offline compiles, 2026-12-04e).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ ARCH_FACTS: dict[str, dict[str, Any]] = {
                "warp_specialize": False},
     "gfx950": {"backend": "hip", "smem_bytes": 163_840, "warp_size": 64,
                "max_regs_per_thread": 512, "tma": False, "wgmma": False,
-               "warp_specialize": False},
+               "warp_specialize": False, "ignored_knob_values": {"kpack": (2,)}},
     # The CPU interpreter has no hardware limits; constraints see generous values.
     "interp": {"backend": "interp", "smem_bytes": 1 << 30, "warp_size": 32,
                "max_regs_per_thread": 1 << 20, "tma": True, "wgmma": False,

@@ -78,8 +78,14 @@ class SearchSpace(BaseModel):
         return compile(self.shared_memory_bytes, "<shared_memory_bytes>", "eval")
 
     def dimensions(self, arch: str) -> dict[str, list[Any]]:
-        """Every tunable of this space on ``arch``: the params plus that backend's knobs."""
-        return {**self.params, **self.knobs.get(arch_facts(arch)["backend"], {})}
+        """Every tunable of this space on ``arch``: the params plus that backend's knobs, less the knob
+        values the arch's compiler overrides (``ignored_knob_values``; a sweep would time one binary
+        twice). A knob left with no value is left to the compiler."""
+        facts = arch_facts(arch)
+        ignored = facts.get("ignored_knob_values", {})
+        knobs = {name: [v for v in choices if v not in ignored.get(name, ())]
+                 for name, choices in self.knobs.get(facts["backend"], {}).items()}
+        return {**self.params, **{name: choices for name, choices in knobs.items() if choices}}
 
     def size(self, arch: str) -> int:
         return math.prod(len(c) for c in self.dimensions(arch).values())

@@ -126,3 +126,14 @@ def test_warp_specialize_splits_the_expert_gemm_on_sm_90():
     marks = _offline_marks("sm_90", {"plain": tile, "specialized": {**tile, "WARP_SPECIALIZE": 1}})
     assert marks["plain"]["warp_specialize"] == marks["plain"]["setmaxnreg"] == 0
     assert marks["specialized"]["warp_specialize"] >= 1 and marks["specialized"]["setmaxnreg"] > 0
+
+
+def test_knob_values_an_arch_overrides_leave_its_dimensions():
+    """gfx950's compiler turns kpack 2 into 1: a sweep there would time one binary twice."""
+    space = load_space("expert_down_fwd")
+    assert space.dimensions("gfx942")["kpack"] == [1, 2]
+    assert space.dimensions("gfx950")["kpack"] == [1]
+    assert space.size("gfx950") * 2 == space.size("gfx942")
+    only_ignored = space.model_copy(update={"knobs": {"hip": {"kpack": [2], "waves_per_eu": [0, 2]}}})
+    assert "kpack" not in only_ignored.dimensions("gfx950")  # left to the compiler
+    assert only_ignored.dimensions("gfx950")["waves_per_eu"] == [0, 2]

@@ -18,7 +18,7 @@ ROW_TILE_GEMMS = ["expert_up_fwd", "expert_down_fwd", "expert_up_bwd_dx", "exper
 GRIDS = [f"sm_90-warp-specialized-grid-{launch}" for launch in ROW_TILE_GEMMS]
 RUNS = ["sm_90-warp-specialize", "sm_100-warp-specialize", "gfx942-async-copy-and-pingpong",
         "gfx950-async-copy-and-pingpong", "sm_90-tuned-after", "sm_90-tuned-before",
-        "sm_90-warp-specialized-256-wide", *GRIDS]
+        "sm_90-warp-specialized-256-wide", *GRIDS, "gfx942-kpack", "gfx950-kpack"]
 SHARED_BYTES_A_BLOCK = 232_448  # sm_90's opt-in limit (search_spaces/arch_facts.py)
 AMD = ["gfx942", "gfx950"]
 
@@ -117,3 +117,9 @@ def test_every_warp_specialized_config_the_grid_sweeps_compiles_specialized_and_
 def test_256_wide_warp_specialized_tiles_do_not_compile():
     rows = json.loads((RESULTS / "sm_90-warp-specialized-256-wide.json").read_text())["rows"]
     assert len(rows) == 4 and all(r["error"] == "RuntimeError: PassManager::run failed" for r in rows)
+
+
+def test_kpack_2_compiles_as_1_on_gfx950_only():
+    digests = {arch: {variant: m["digest"] for (_, variant), m in _marks(f"{arch}-kpack").items()} for arch in AMD}
+    assert digests["gfx950"]["kpack-1"] == digests["gfx950"]["kpack-2"]
+    assert digests["gfx942"]["kpack-1"] != digests["gfx942"]["kpack-2"]
