@@ -53,10 +53,19 @@ class SearchSpace(BaseModel):
 
     @field_validator("knobs")
     @classmethod
-    def _known_backends(cls, knobs: dict[str, dict[str, list[Any]]]) -> dict[str, dict[str, list[Any]]]:
+    def _known_knobs(cls, knobs: dict[str, dict[str, list[Any]]]) -> dict[str, dict[str, list[Any]]]:
+        """Backends and knob names ``kernels.launch`` passes on to Triton: any other would be a dimension
+        a sweep explores for nothing."""
+        from kernels.launch import ENVIRONMENT_KNOBS, LAUNCH_KNOBS  # torch and triton: only where spaces load
+
         unknown = set(knobs) - set(BACKENDS)
         if unknown:
             raise ValueError(f"unknown backends {sorted(unknown)}; use {list(BACKENDS)}")
+        for backend, named in knobs.items():
+            known = {*LAUNCH_KNOBS.get(backend, ()), *ENVIRONMENT_KNOBS.get(backend, {})}
+            if set(named) - known:
+                raise ValueError(f"unknown {backend} knobs {sorted(set(named) - known)}; "
+                                 f"kernels.launch passes on {sorted(known) or 'none'}")
         return knobs
 
     @field_validator("constraints")
