@@ -9,8 +9,9 @@ the heuristic default), all in one process and in the order given, as a sweep's 
 would, for ``ARCH`` (sm_90, sm_100, gfx942, gfx950: Triton compiles for each without its GPU), and
 records per compiled Triton kernel the marks of each knob:
 
-* CUDA: ``warp_specialize`` regions in the TTGIR, ``setmaxnreg`` (the register split between the
-  producer and consumer warps) in the PTX, and the registers and spills of the cubin (``cuobjdump``);
+* CUDA: ``warp_specialize`` regions in the TTGIR, the warps a program launches with, ``setmaxnreg``
+  in the PTX (how many, and the range of register counts the producer and consumer warps move to),
+  and the registers (at launch) and spills of the cubin (``cuobjdump``);
 * HIP: ``s_setprio`` (the ping-pong schedule's priority switches), loads straight to LDS
   (``global_load_lds`` / ``buffer_load ... lds``: async copies) and the ``.vgpr_count``;
 
@@ -42,6 +43,7 @@ from launch_variants import configs_at, preset_shapes
 
 _DEBUG_LINE = re.compile(r"^\s*(\.loc|\.file|//|;)")
 _DEBUG_SECTIONS = re.compile(r"^\s*\.section\s+\.debug", re.MULTILINE)  # the rest of the file: DWARF
+_SETMAXNREG = re.compile(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)")
 _LDS_LOAD = re.compile(r"^\s*(global_load_lds\w*|buffer_load\w*\s[^\n;]*\blds\b)", re.MULTILINE)
 
 
@@ -63,9 +65,12 @@ def knob_marks(compiled: Any) -> dict[str, Any]:
         return {"shared_bytes": shared, "s_setprio": code.count("s_setprio"), "lds_direct_loads": lds_loads,
                 "vgprs": int(vgprs.group(1)) if vgprs else None, "digest": _digest(code)}
     registers, spilled = kernel_resources._registers_and_spills(compiled, offline=True)
+    moved_to = [int(n) for n in _SETMAXNREG.findall(compiled.asm["ptx"])]
     return {"shared_bytes": shared, "registers": registers, "spilled_bytes": spilled,
+            "warps": compiled.metadata.num_warps,
             "warp_specialize": compiled.asm["ttgir"].count("ttg.warp_specialize("),
-            "setmaxnreg": compiled.asm["ptx"].count("setmaxnreg"), "digest": _digest(compiled.asm["ptx"])}
+            "setmaxnreg": len(moved_to), "setmaxnreg_range": f"{min(moved_to)}-{max(moved_to)}" if moved_to else "-",
+            "digest": _digest(compiled.asm["ptx"])}
 
 
 def compile_error(exc: Exception) -> str:

@@ -47,7 +47,7 @@ def test_warp_specialization_takes_the_4_warp_loops_only(arch):
         specialized = variant.endswith("-w4-ws")
         assert (m["warp_specialize"], m["setmaxnreg"]) == ((1, 8) if specialized else (0, 0)), (launch, variant)
         if specialized:
-            assert m["registers"] == 168
+            assert m["registers"] == 168 and m["warps"] == 12 and m["setmaxnreg_range"] == "40-256"
             assert m["shared_bytes"] > marks[(launch, variant.removesuffix("-ws"))]["shared_bytes"]
 
 
