@@ -13,7 +13,8 @@ records per compiled Triton kernel the marks of each knob:
   in the PTX (how many, and the range of register counts the producer and consumer warps move to),
   and the registers (at launch) and spills of the cubin (``cuobjdump``);
 * HIP: ``s_setprio`` (the ping-pong schedule's priority switches), loads straight to LDS
-  (``global_load_lds`` / ``buffer_load ... lds``: async copies) and the ``.vgpr_count``;
+  (``global_load_lds`` / ``buffer_load ... lds``: async copies), the ``.vgpr_count`` and the scratch a
+  work-item spills to (``.private_segment_fixed_size``);
 
 and for both the shared memory (LDS) and a digest of the code without its debug lines, so two
 variants that compiled to the same code show it.
@@ -61,9 +62,11 @@ def knob_marks(compiled: Any) -> dict[str, Any]:
     if "amdgcn" in compiled.asm:
         code = compiled.asm["amdgcn"]
         vgprs = re.search(r"\.vgpr_count:\s+(\d+)", code)
+        scratch = re.search(r"\.private_segment_fixed_size:\s+(\d+)", code)  # spills, per work-item
         lds_loads = len(_LDS_LOAD.findall(code))
         return {"shared_bytes": shared, "s_setprio": code.count("s_setprio"), "lds_direct_loads": lds_loads,
-                "vgprs": int(vgprs.group(1)) if vgprs else None, "digest": _digest(code)}
+                "vgprs": int(vgprs.group(1)) if vgprs else None, "spilled_bytes": int(scratch.group(1)) if scratch else 0,
+                "digest": _digest(code)}
     registers, spilled = kernel_resources._registers_and_spills(compiled, offline=True)
     moved_to = [int(n) for n in _SETMAXNREG.findall(compiled.asm["ptx"])]
     return {"shared_bytes": shared, "registers": registers, "spilled_bytes": spilled,

@@ -123,3 +123,37 @@ def test_kpack_2_compiles_as_1_on_gfx950_only():
     digests = {arch: {variant: m["digest"] for (_, variant), m in _marks(f"{arch}-kpack").items()} for arch in AMD}
     assert digests["gfx950"]["kpack-1"] == digests["gfx950"]["kpack-2"]
     assert digests["gfx942"]["kpack-1"] != digests["gfx942"]["kpack-2"]
+
+
+# (fit, spill, over LDS, compiler error) of the 30 sampled configs each HIP space admits, as the
+# write-up's table gives them.
+AMD_SPACE_OUTCOMES = {
+    "gfx942": {"expert_up_fwd": (29, 1, 0, 0), "expert_down_fwd": (30, 0, 0, 0), "expert_up_bwd_dx": (30, 0, 0, 0),
+               "expert_down_bwd_dx": (28, 2, 0, 0), "expert_up_bwd_dw": (30, 0, 0, 0),
+               "expert_down_bwd_dw": (28, 0, 1, 1)},
+    "gfx950": {"expert_up_fwd": (25, 2, 3, 0), "expert_down_fwd": (30, 0, 0, 0), "expert_up_bwd_dx": (30, 0, 0, 0),
+               "expert_down_bwd_dx": (25, 5, 0, 0), "expert_up_bwd_dw": (28, 2, 0, 0),
+               "expert_down_bwd_dw": (23, 5, 0, 2)},
+}
+
+
+@pytest.mark.parametrize("arch", AMD)
+def test_the_hip_spaces_against_offline_compiles(arch):
+    """Outcome counts as the write-up gives them, and as each run's summary (OUT.md) printed them; every
+    spill at 256 or 512 VGPRs; every LDS overrun an async-copy config."""
+    for launch, expected in AMD_SPACE_OUTCOMES[arch].items():
+        run = json.loads((RESULTS / f"{arch}-space-{launch}.json").read_text())
+        rows = run["rows"]
+        assert len(rows) == 30 and all(r["admitted"] for r in rows)
+        counts = [sum(r["outcome"] == o for r in rows) for o in ("fits", "spills", "over shared memory")]
+        counts.append(sum(r["outcome"].startswith("compile error") for r in rows))
+        assert tuple(counts) == expected, launch
+        summary = (RESULTS / f"{arch}-space-{launch}.md").read_text()
+        for outcome, count in zip(("fits", "spills", "over shared memory"), counts):
+            assert (f"| admitted | {outcome} | {count} |" in summary) == (count > 0), (launch, outcome)
+        for row in rows:
+            marks = list(row["triton_kernels"].values())
+            if row["outcome"] == "spills":
+                assert any(m["spilled_bytes"] > 0 and m["vgprs"] in (256, 512) for m in marks)
+            if row["outcome"] == "over shared memory":
+                assert row["config"]["async_copy"] == 1
