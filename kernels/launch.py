@@ -127,7 +127,12 @@ def compiler_environment(config: dict[str, Any]) -> tuple[tuple[str, str], ...]:
 def _compiling_with(kernel: Any, environment: tuple[tuple[str, str], ...]) -> Iterator[None]:
     """Set ``environment`` for a compile of ``kernel`` (restored after it), dropping the kernel's
     in-memory compiled forms when they were compiled with other environment knobs. The environment
-    is the process's, so compiles of other threads (autograd's backward) wait for this one."""
+    is the process's, so compiles of other threads (autograd's backward) wait for this one. A backend
+    without environment knobs (CUDA, the interpreter, which runs every launch through here) skips it all."""
+    arch = current_arch()
+    if arch == INTERPRETER_ARCH or not ENVIRONMENT_KNOBS[backend_of(arch)]:
+        yield
+        return
     with _ENVIRONMENT_LOCK:
         if _environment_of.get(kernel, ()) != environment and hasattr(kernel, "device_caches"):
             kernel.device_caches.clear()  # rebuilt per device on the next lookup
