@@ -1,5 +1,5 @@
 """How far the host times of one sweep's configs spread, per (kernel, shape): the evidence behind
-``tuner.ranking``'s default of device time. For each shape of a trials CSV: the least, median and
+``tuner.sweep.ranking``'s default of device time. For each shape of a trials CSV: the least, median and
 largest ``host_ms`` of its ok trials (µs), and how many of them are host-bound (host above device).
 
 Usage: python bench/host_time_spread.py TRIALS_CSV

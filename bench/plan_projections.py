@@ -37,16 +37,16 @@ from sqlalchemy import Engine, select
 
 from db import open_database, session_scope
 from db.planning import LayerProfile
-from tuner.planner.costs import Calibration
-from tuner.planner.hardware import gpu_kind
-from tuner.planner.iteration import IterationModel, Plan, PlanInputs
-from tuner.planner.layout import format_ranges, megatron_recompute, parse_layout
-from tuner.planner.profiles import LoadedCosts
-from tuner.planner.report import gantt_svg, memory_svg, write_report
-from tuner.planner.request import (PlanRequest, default_flops_per_token, plan_request, request_costs,
+from tuner.plan.costs import Calibration
+from tuner.plan.hardware import gpu_kind
+from tuner.plan.iteration import IterationModel, Plan, PlanInputs
+from v4.layout import format_ranges, megatron_recompute, parse_layout
+from tuner.plan.profiles import LoadedCosts
+from tuner.plan.report import gantt_svg, memory_svg, write_report
+from tuner.plan.request import (PlanRequest, default_flops_per_token, plan_request, request_costs,
                                    request_parallelisms)
-from tuner.planner.search import NoPlanFits
-from tuner.planner.validate import starting_calibration
+from tuner.plan.search import NoPlanFits
+from tuner.plan.validate import starting_calibration
 from v4.config import ModelConfig, layer_kind, load_preset
 from v4.flops import layer_flops
 from v4.recompute import RecomputePlan

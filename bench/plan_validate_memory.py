@@ -26,12 +26,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from db import open_database
-from tuner.planner.costs import Calibration
-from tuner.planner.iteration import IterationModel, Plan, PlanInputs
-from tuner.planner.layout import parse_layout
-from tuner.planner.profiles import model_layer_kinds, store_profiles
-from tuner.planner.request import PlanRequest, request_costs, request_parallelisms
-from tuner.planner.validate import Candidate, Measured, fit_calibration
+from tuner.plan.costs import Calibration
+from tuner.plan.iteration import IterationModel, Plan, PlanInputs
+from v4.layout import parse_layout
+from tuner.plan.profiles import model_layer_kinds, store_profiles
+from tuner.plan.request import PlanRequest, request_costs, request_parallelisms
+from tuner.plan.validate import Candidate, Measured, fit_calibration
 from v4.config import load_preset
 from v4.recompute import RecomputePlan
 

@@ -27,11 +27,11 @@ from db import open_database, session_scope
 from db.planning import StoredPlan
 from db.training import TrainRun
 from db.validation import PlanValidation
-from tuner.planner.costs import Calibration
-from tuner.planner.iteration import Plan, predict
-from tuner.planner.layout import even_layout, format_layout, parse_layout
-from tuner.planner.request import PlanRequest, plan_request
-from tuner.planner.validate import PICK, measured, model_at_vpp
+from tuner.plan.costs import Calibration
+from tuner.plan.iteration import Plan, predict
+from v4.layout import even_layout, format_layout, parse_layout
+from tuner.plan.request import PlanRequest, plan_request
+from tuner.plan.validate import PICK, measured, model_at_vpp
 from v4.config import load_preset
 from v4.recompute import RecomputePlan
 

@@ -1,5 +1,5 @@
 """TPE sampler settings replayed against the stored grid sweeps: does another setting than the
-product's (``tuner.strategies.make_sampler``: multivariate, constant liar, 10 startup trials)
+product's (``tuner.sweep.strategies.make_sampler``: multivariate, constant liar, 10 startup trials)
 get within 2% of the grid optimum more often at 10% and 20% of the grid's evaluations? Each
 variant runs inside the product's ``ValidConfigSampler``, as TPE does in a sweep.
 
@@ -15,9 +15,9 @@ import warnings
 
 import optuna
 
-import tuner.replay as replay
+import tuner.sweep.replay as replay
 from db import open_database
-from tuner.strategies import ValidConfigSampler
+from tuner.sweep.strategies import ValidConfigSampler
 
 VARIANTS = {  # TPESampler keyword arguments
     "product (startup 10)": dict(multivariate=True, constant_liar=True, n_startup_trials=10),

@@ -1,4 +1,4 @@
-"""Search efficiency on the H200 grid measurements: random and TPE replayed on the CPU (``tuner.replay``).
+"""Search efficiency on the H200 grid measurements: random and TPE replayed on the CPU (``tuner.sweep.replay``).
 
 Copies the database first (opening it upgrades its schema), replays the given grid sweeps,
 writes the rows as JSON and prints a markdown table with the project's target for the
@@ -18,7 +18,7 @@ from pathlib import Path
 import optuna
 
 from db import open_database
-from tuner.replay import DEFAULT_FRACTIONS, DEFAULT_STRATEGIES, ReplayRow, replay_sweep
+from tuner.sweep.replay import DEFAULT_FRACTIONS, DEFAULT_STRATEGIES, ReplayRow, replay_sweep
 
 TARGET_FRACTION = 0.2
 

@@ -23,7 +23,7 @@ from db import open_database, session_scope
 from db.models import Trial, TrialStatus
 from kernels import registry
 from search_spaces import load_space
-from tuner.strategies import default_in_space
+from tuner.sweep.strategies import default_in_space
 
 
 def preset_of(kernel: str, shape: dict[str, int]) -> str:

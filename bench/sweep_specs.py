@@ -675,7 +675,7 @@ def indexer_head_splits_specs() -> list[tuple[str, dict]]:
 # and one 128-entry key tile, for 264 co-resident ones at two an SM): at most 168 registers and 2
 # q stages (64 KiB of shared memory a program) fit three; 64-entry key tiles with at most 128
 # registers fit four. Beside each shape's committed entry, its selection held. The trials record
-# host times too (tuner/ranking.py), which show what TMA's host-built descriptors cost at 4,096.
+# host times too (tuner/sweep/ranking.py), which show what TMA's host-built descriptors cost at 4,096.
 INDEXER_THREE_PER_SM_SPACE = {"BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T": [64, 128], "KEY_TILES": [1],
                               "LATE_HEAD_SUM": [0], "TMA": [0, 1], "num_warps": [4], "num_stages": [2, 3],
                               "maxnreg": [None, 128, 168], **INDEXER_TRITON_UNSPLIT}

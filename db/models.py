@@ -40,7 +40,7 @@ class TrialStatus(str, enum.Enum):
 
 
 class LeasedJob:
-    """The columns the job queue (``tuner.queue``) claims, renews and closes: sweeps and training runs.
+    """The columns the job queue (``tuner.sweep.queue``) claims, renews and closes: sweeps and training runs.
 
     ``status`` holds the job's own status names, of which ``queued``, ``running`` and ``cancelled``
     are shared by every kind of job.

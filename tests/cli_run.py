@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.cli.main import app
 
 
 def invoke_tuner(db: str, *args: str) -> tuple[int, str]:

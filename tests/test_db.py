@@ -8,8 +8,8 @@ from sqlalchemy import inspect, select
 
 from db import Sweep, open_database, session_scope
 from db.engine import VERSION_TABLE
-from tuner import queue
-from tuner.spec import parse_spec
+from tuner.sweep import queue
+from tuner.sweep.spec import parse_spec
 
 SPEC = {"kernel": "fault_probe", "shapes": [{"n": 100}]}
 

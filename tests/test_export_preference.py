@@ -9,7 +9,7 @@ import json
 import pytest
 
 from db import Sweep, Trial, open_database, session_scope
-from tuner.export import NothingToExport, best_trials, export_table
+from tuner.sweep.export import NothingToExport, best_trials, export_table
 
 SHAPE = "n=100"
 

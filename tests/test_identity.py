@@ -3,7 +3,7 @@
 import importlib.util
 
 from kernels.registry import TunableKernel
-from tuner.identity import config_identity
+from tuner.sweep.identity import config_identity
 
 TOOLCHAIN = {"triton": "3.6.0", "torch": "2.11.0", "cuda": "13.0", "driver": "580"}
 BASE = ("rmsnorm_fwd", "tokens=4096,hidden=4096", "sm_90", {"BLOCK_M": 2, "num_warps": 8})

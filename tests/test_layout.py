@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from tuner.planner.layout import (
+from v4.layout import (
     RULES, LayoutError, PipelineLayout, Stage, describe, even_layout, format_layout, parse_layout,
 )
 

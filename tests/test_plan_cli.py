@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 
 from db import open_database, session_scope
 from db.planning import StoredPlan
-from tuner.cli import app
-from tuner.planner.layout import parse_layout
-from tuner.planner.profiles import load_costs, store_alltoall, store_profiles
-from tuner.planner.request import PlanRequest, current_tables_key, plan_request
-from tuner.profile_alltoall import AlltoallCost, AlltoallShape
-from tuner.profile_layers import LayerCost
+from tuner.cli.main import app
+from v4.layout import parse_layout
+from tuner.plan.profiles import load_costs, store_alltoall, store_profiles
+from tuner.plan.request import PlanRequest, current_tables_key, plan_request
+from workers.alltoall_cost import AlltoallCost, AlltoallShape
+from tuner.train.profile_layers import LayerCost
 
 MiB, GB = 1 << 20, 10**9
 FLASH = ["--model", "v4-flash", "--gpus-per-node", "8", "--gpu", "h200", "--gbs", "256", "--seq", "4096"]

@@ -11,10 +11,10 @@ import pytest
 
 from bench.plan_projections import PRIMUS, pipeline_model, price, summary
 from db import open_database
-from tuner.planner.costs import Calibration
-from tuner.planner.profiles import store_profiles
-from tuner.planner.request import PlanRequest, default_flops_per_token, plan_request
-from tuner.profile_layers import LayerCost
+from tuner.plan.costs import Calibration
+from tuner.plan.profiles import store_profiles
+from tuner.plan.request import PlanRequest, default_flops_per_token, plan_request
+from tuner.train.profile_layers import LayerCost
 from v4.config import load_preset
 
 GB = 10**9

@@ -16,11 +16,11 @@ from db import open_database, session_scope
 from db.planning import StoredPlan
 from db.training import TrainRun
 from db.validation import PlanValidation
-from tuner.cli import app
-from tuner.planner.costs import Calibration
-from tuner.planner.iteration import predict
-from tuner.planner.request import PlanRequest, plan_request
-from tuner.planner.validate import (CPU_CALIBRATION, FULL_RECOMPUTE, NO_RECOMPUTE, PICK, Measured, Validation,
+from tuner.cli.main import app
+from tuner.plan.costs import Calibration
+from tuner.plan.iteration import predict
+from tuner.plan.request import PlanRequest, plan_request
+from tuner.plan.validate import (CPU_CALIBRATION, FULL_RECOMPUTE, NO_RECOMPUTE, PICK, Measured, Validation,
                                     _fit_line, candidates, fit_calibration)
 
 ARGS = ["--model", "tiny", "--gpus", "2", "--pp", "2", "--gbs", "4", "--seq", "64", "--device", "cpu"]

@@ -9,12 +9,12 @@ import math
 
 import pytest
 
-from tuner.planner.costs import Calibration, LayerCost, ProfiledCosts, StageExtras
-from tuner.planner.iteration import IterationModel, PlanInputs, predict
-from tuner.planner.layout import even_layout, megatron_recompute, parse_layout
-from tuner.planner.parallel import Cluster, Parallelism, ParallelismError, parallelisms
-from tuner.planner.schedule import simulate
-from tuner.planner.search import search
+from tuner.plan.costs import Calibration, LayerCost, ProfiledCosts, StageExtras
+from tuner.plan.iteration import IterationModel, PlanInputs, predict
+from v4.layout import even_layout, megatron_recompute, parse_layout
+from tuner.plan.parallel import Cluster, Parallelism, ParallelismError, parallelisms
+from tuner.plan.schedule import simulate
+from tuner.plan.search import search
 
 MiB = 1 << 20
 LAYERS = (LayerCost("window/hash", 2.0, 4.0, 300 * MiB, 20 * MiB, 10_000_000, 8_000_000, 2.5),

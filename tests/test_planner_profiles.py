@@ -11,10 +11,10 @@ from sqlalchemy import inspect
 
 from db import open_database
 from db.engine import VERSION_TABLE
-from tuner.planner.profiles import (
+from tuner.plan.profiles import (
     ProfileError, ProfilesMissing, expert_params, load_costs, model_layer_kinds, store_alltoall, store_profiles)
-from tuner.profile_alltoall import AlltoallCost, AlltoallShape
-from tuner.profile_layers import LayerCost
+from workers.alltoall_cost import AlltoallCost, AlltoallShape
+from tuner.train.profile_layers import LayerCost
 from v4.config import load_preset
 
 MiB = 1 << 20

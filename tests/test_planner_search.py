@@ -13,11 +13,11 @@ import time
 import pytest
 
 from tests.test_schedule import megatron_order
-from tuner.planner import search as search_module
-from tuner.planner.costs import LayerCost, MemoryModel, StageExtras
-from tuner.planner.iteration import IterationModel, Plan, predict
-from tuner.planner.schedule import in_flight_peaks, simulate
-from tuner.planner.search import MiB, NoPlanFits, _level_curve, search
+from tuner.plan import search as search_module
+from tuner.plan.costs import LayerCost, MemoryModel, StageExtras
+from tuner.plan.iteration import IterationModel, Plan, predict
+from tuner.plan.schedule import in_flight_peaks, simulate
+from tuner.plan.search import MiB, NoPlanFits, _level_curve, search
 
 EXTRAS = StageExtras(embedding_forward_ms=0.5, embedding_backward_ms=1.0, embedding_activation_bytes=10 * MiB,
                      embedding_params=3_000_000, head_forward_ms=1.5, head_backward_ms=3.0,

@@ -9,9 +9,9 @@ from sqlalchemy import select
 
 from db import open_database, session_scope
 from db.planning import AlltoallProfile
-from tuner.planner.profiles import load_costs, store_profiles
-from tuner.profile_alltoall import AlltoallShape, summarize
-from tuner.profile_layers import LayerCost
+from tuner.plan.profiles import load_costs, store_profiles
+from workers.alltoall_cost import AlltoallShape, summarize
+from tuner.train.profile_layers import LayerCost
 from v4.config import layer_kind, load_preset
 from tests.cli_run import invoke_tuner as tuner
 

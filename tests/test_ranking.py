@@ -1,4 +1,4 @@
-"""Configs ranked by the time of an eager call: the longer of device and host time (``tuner.ranking``).
+"""Configs ranked by the time of an eager call: the longer of device and host time (``tuner.sweep.ranking``).
 
 On the H200 a table entry chosen by device time alone ran 1.4-1.8x slower in eager calls, because
 its host time (TMA descriptors built a call) exceeded its device time; and host times are noisy, so
@@ -14,8 +14,8 @@ import time
 import pytest
 
 from db import Sweep, Trial, open_database, session_scope
-from tuner.export import NothingToExport, best_trials, export_table, host_bound_entries
-from tuner.ranking import CallTime, pick, trial_time
+from tuner.sweep.export import NothingToExport, best_trials, export_table, host_bound_entries
+from tuner.sweep.ranking import CallTime, pick, trial_time
 from workers.timing import host_ms
 
 SHAPE = "n=100"

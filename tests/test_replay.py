@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from db import Sweep, Trial, open_database, session_scope
 from kernels import registry
-from tuner.cli import app
-from tuner.replay import (GridMeasurements, Outcome, ReplayError, budget_for, expected_best_of_random, load_grid,
+from tuner.cli.main import app
+from tuner.sweep.replay import (GridMeasurements, Outcome, ReplayError, budget_for, expected_best_of_random, load_grid,
                           replay_search, replay_sweep)
-from tuner.spec import SweepSpec
+from tuner.sweep.spec import SweepSpec
 
 ARCH = "sm_90"
 SINKHORN_SHAPES = [{"tokens": 4096}, {"tokens": 100}]  # 100: a ragged token count

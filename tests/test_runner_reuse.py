@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from db import Sweep, Trial, open_database, session_scope
-from tuner.runner import reusable_trial
+from tuner.sweep.runner import reusable_trial
 
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 10.00 GiB"
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from tuner.planner.schedule import DeadlockError, Op, megatron_schedule, simulate, simulate_ops
+from tuner.plan.schedule import DeadlockError, Op, megatron_schedule, simulate, simulate_ops
 
 
 def megatron_order(pp: int, vpp: int, m: int) -> list[list[tuple[str, int, int]]]:

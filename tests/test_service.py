@@ -27,7 +27,7 @@ from sqlalchemy import select
 from db import Sweep, Trial, open_database, session_scope
 from kernels import tuning
 from tests.cli_run import invoke_tuner
-from tuner.serve import optuna_storage
+from tuner.sweep.serve import optuna_storage
 
 FAST_TIMING = {"warmup_ms": 1, "rep_ms": 5, "retime_rounds": 2, "retime_top": 3, "trial_timeout_s": 20,
                "retime_warmup_ms": 1, "retime_rep_ms": 5}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from tuner.serve import optuna_storage
-from tuner.strategies import GridSource, OptunaSource, ValidConfigSampler, make_sampler
+from tuner.sweep.serve import optuna_storage
+from tuner.sweep.strategies import GridSource, OptunaSource, ValidConfigSampler, make_sampler
 
 DIMENSIONS = {"BLOCK": [16, 32, 64], "num_warps": [1, 2, 4, 8]}
 EVERY_CONFIG = [{"BLOCK": b, "num_warps": w} for b in DIMENSIONS["BLOCK"] for w in DIMENSIONS["num_warps"]]

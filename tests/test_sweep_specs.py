@@ -10,7 +10,7 @@ import yaml
 from bench import sweep_specs
 from kernels import registry
 from kernels.tuning import load_table
-from tuner.spec import parse_spec
+from tuner.sweep.spec import parse_spec
 
 
 def run_main(monkeypatch, *args: str) -> None:

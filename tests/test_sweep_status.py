@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from db import Sweep, Trial
-from tuner import display
+from tuner.cli import display
 
 
 def test_edges_name_the_least_and_greatest_numeric_values_measured():

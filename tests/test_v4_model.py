@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernels.arch import kernel_device
-from tuner.planner.layout import Stage, parse_layout
+from v4.layout import Stage, parse_layout
 from v4.attention_ops import compress_pool, indexer_topk, rope_tail, sparse_attention
 from v4.config import PresetError, layer_kind, load_preset, preset_names
 from v4.data import MarkovTokens

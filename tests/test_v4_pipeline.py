@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from pydantic import ValidationError
 
-from tuner.planner.layout import parse_layout
+from v4.layout import parse_layout
 from v4 import pipeline
 from v4.data import MarkovTokens
 from v4.pipeline import RunConfig, RunResult, check_microbatches, launch_local, merge_results, train

@@ -116,6 +116,21 @@ class ModelConfig(BaseModel):
         return layer_id < self.hash_layers
 
 
+class ParallelismError(ValueError):
+    """A parallelism or shape argument (ep, seq, mbs) that does not fit the model; the message names it."""
+
+
+def expert_parallel_config(config: ModelConfig, ep: int) -> ModelConfig:
+    """``config`` with the ``experts / ep`` experts one EP rank holds (see ``tuner.train.profile_layers``)."""
+    if ep < 1 or config.experts % ep:
+        raise ParallelismError(f"ep: {ep} does not divide the {config.experts} experts of {config.name}")
+    local = config.experts // ep
+    if local < config.experts_per_token:
+        raise ParallelismError(f"ep: {ep} leaves {local} local experts, fewer than experts_per_token="
+                           f"{config.experts_per_token}")
+    return config.model_validate({**config.model_dump(), "experts": local})
+
+
 def layer_kind(config: ModelConfig, layer_id: int) -> str:
     """The profiling kind of a layer: ``"<window|csa|hca>/<hash|learned>"``, or ``"mtp"`` for the MTP layer.
 

@@ -3,7 +3,7 @@
 Per trainable parameter the run holds (bytes): the bf16 weight (2) that forward and backward use,
 an fp32 main gradient (4) into which every microbatch's gradient is accumulated, and the
 optimizer's fp32 master weight (4) and two AdamW moments (4 + 4): **18 bytes per parameter**,
-:data:`BYTES_PER_PARAM`, the figure ``tuner.planner.costs.MemoryModel`` uses (2 + 4 + 12, of which
+:data:`BYTES_PER_PARAM`, the figure ``tuner.plan.costs.MemoryModel`` uses (2 + 4 + 12, of which
 the 12 of optimizer state shard over data-parallel ranks under Megatron's distributed optimizer;
 this optimizer does not shard). The few fp32 parameters (mHC gates, attention sinks, compressor
 position biases) hold a 4-byte weight instead, 20 bytes each. Frozen parameters (the indexer's)

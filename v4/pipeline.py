@@ -44,7 +44,7 @@ import torch.multiprocessing as mp
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
-from tuner.planner.layout import PipelineLayout, even_layout, parse_layout
+from v4.layout import PipelineLayout, even_layout, parse_layout
 from v4.config import ModelConfig, load_preset
 from v4.data import MarkovTokens
 from v4.flops import model_flops

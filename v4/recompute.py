@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from tuner.planner.layout import PipelineLayout
+from v4.layout import PipelineLayout
 
 SELECTIVE_MODULES = ("attn_core", "moe_act", "mhc")
 MEGATRON_MODULES = {"core_attn": "attn_core", "moe_act": "moe_act", "mhc": "mhc"}  # Megatron name -> ours

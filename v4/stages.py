@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from tuner.planner.layout import PipelineLayout, Stage
+from v4.layout import PipelineLayout, Stage
 from v4.config import STREAMS, ModelConfig
 from v4.data import EXTRA_TOKENS
 from v4.model import build_embedding, build_head, build_layer, to_streams

@@ -2,7 +2,7 @@
 
 The ranks are placed and started as for training runs (``workers.rank_group``), on one node: the
 planner takes this time as the intra-node one and models only the share that crosses nodes. Every
-actor joins the process group (NCCL on CUDA, gloo on CPU) and runs ``tuner.profile_alltoall.time_rank``;
+actor joins the process group (NCCL on CUDA, gloo on CPU) and runs ``workers.alltoall_cost.time_rank``;
 rank 0 also says what device it ran on.
 
 A rank that fails, or no answer before the deadline, raises :class:`AlltoallRunError`.
@@ -18,7 +18,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
-from tuner.profile_alltoall import AlltoallCost, AlltoallShape, summarize
+from workers.alltoall_cost import AlltoallCost, AlltoallShape, summarize
 from workers.pool import FORWARDED_PREFIXES
 from workers.rank_group import START_TIMEOUT_S, RankGroupError, rank_group, rendezvous_address
 
@@ -49,9 +49,8 @@ class AlltoallRank:
         import torch
         import torch.distributed as dist
 
-        from tuner.profile_alltoall import time_rank
-        from tuner.profile_layers import gpu_kind
-        from workers.device_info import describe_device
+        from workers.alltoall_cost import time_rank
+        from workers.device_info import describe_device, gpu_name_and_memory
 
         if device == "cuda":
             torch.cuda.set_device(0)  # the one GPU Ray gave this actor
@@ -63,7 +62,7 @@ class AlltoallRank:
             dist.destroy_process_group()
         answer: dict[str, Any] = {"times": times}
         if rank == 0:
-            answer["gpu_kind"], answer["gpu_memory_bytes"] = gpu_kind(device)
+            answer["gpu_kind"], answer["gpu_memory_bytes"] = gpu_name_and_memory(device)
             answer["environment"] = describe_device()
         return answer
 

@@ -99,7 +99,7 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
 
 def retime(request: dict[str, Any]) -> dict[str, Any]:
     """Time several configs interleaved, round after round, so drift hits them all alike; on a GPU
-    their host times too (``tuner.ranking``)."""
+    their host times too (``tuner.sweep.ranking``)."""
     kernel = registry.get(request["kernel"])
     shape = request["shape"]
     on_gpu = current_arch() != INTERPRETER_ARCH

@@ -45,3 +45,11 @@ def describe_device() -> dict[str, Any]:
         "driver": None if arch == INTERPRETER_ARCH else _driver_version(),
     }
     return info
+
+
+def gpu_name_and_memory(device: torch.device | str) -> tuple[str, int | None]:
+    """The device's name and memory in bytes, as the profile rows are keyed: ``("cpu", None)`` on the CPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "cpu", None
+    return torch.cuda.get_device_name(device), torch.cuda.get_device_properties(device).total_memory

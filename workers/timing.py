@@ -10,7 +10,7 @@ where launches are queued ahead of the GPU.
 
 Neither sees what the host spends on a call (argument checks, allocations, TMA descriptors,
 Triton's dispatch). An eager step calls back to back, so a launch whose host time exceeds its
-device time runs at its host time. ``host_ms`` measures it apart, for ``tuner.ranking``.
+device time runs at its host time. ``host_ms`` measures it apart, for ``tuner.sweep.ranking``.
 """
 
 from __future__ import annotations

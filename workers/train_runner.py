@@ -55,7 +55,7 @@ class RankActor:
               timeout_s: float) -> dict[str, Any]:
         import torch.distributed as dist
 
-        from tuner.provenance import kernel_tables
+        from kernels.provenance import kernel_tables
         from v4.pipeline import train
         from workers.device_info import describe_device
 

@@ -1,0 +1,148 @@
+"""``tuner plan validate``: run the planner's best plans and two baselines as short training runs on this
+node, compare measured with predicted step time and memory per stage, refit the calibration and store it.
+
+Added to the ``plan`` app on import (``tuner.cli.main`` imports this module).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import ray
+import typer
+from sqlalchemy import Engine
+
+from db import default_url, open_database
+from tuner.cli.display import console, err_console
+from tuner.cli.plan import _user_errors, plan_app
+from tuner.plan import profiles
+from tuner.plan.hardware import GPUS, gpu_kind
+from tuner.plan.parallel import Cluster, ParallelismError, parallelisms
+from tuner.plan.profiles import ProfilesMissing, load_costs
+from tuner.plan.request import PlanRequest, RequestError
+from tuner.plan.validate import validate
+from tuner.plan.validate_report import summary_lines, tables, write_validation_report
+from tuner.train.profile_layers import ProfileError, profile_layers
+from workers.device_info import gpu_name_and_memory
+from kernels.provenance import kernel_tables, tables_key
+from tuner.train.queue import TrainRequestError
+from tuner.train.serve import connect_ray, resolve_device
+from v4.config import load_preset
+from v4.pipeline import check_microbatches
+from v4.ops import KERNEL_CHOICES
+from workers.device_info import describe_device
+
+
+def _gpu_name(device: str, gpu: str | None) -> str:
+    """The planner's GPU kind for runs on ``device``: ``cpu``, ``--gpu``, or the driver's CUDA device."""
+    if device == "cpu":
+        return "cpu"
+    if gpu is not None:
+        return gpu
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RequestError("gpu", "this process sees no GPU to name the GPU kind; pass --gpu (e.g. h200)")
+    name = torch.cuda.get_device_name(0)
+    kind = next((k.name for k in GPUS.values() if k.device_name == name), None)
+    if kind is None:
+        raise RequestError("gpu", f"the planner does not know {name!r}; known: {', '.join(GPUS)}")
+    return kind
+
+
+def _profile(engine: Engine, model: str, seq: int, mbs: int, kernels: str, device: str) -> None:
+    """Profile ``model`` here on ``device`` at ep 1 (the training runs have no expert parallelism) and store it."""
+    config = load_preset(model)
+    gpu = device == "cuda"
+    with console.status(f"profiling {config.name}") as status:
+        costs = profile_layers(config, seq, mbs, 1, kernels, device, warmup=2 if gpu else 1, reps=5 if gpu else 3,
+                               on_piece=lambda kind: status.update(f"profiling {config.name}: {kind}"))
+    kind, memory = gpu_name_and_memory(device)
+    profiles.store_profiles(engine, costs, gpu_kind=kind, gpu_memory_bytes=memory, model=config.name, seq=seq,
+                            mbs=mbs, ep=1, kernel_tables=tables_key(kernel_tables(kernels)),
+                            toolchain=describe_device()["versions"])
+
+
+@plan_app.command("validate")
+def plan_validate(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Option(help="model preset, e.g. tiny or a proxy preset")],
+    gpus: Annotated[int, typer.Option(help="ranks on this node: pipeline x data-parallel")],
+    gbs: Annotated[int, typer.Option(help="global batch, sequences per step")],
+    seq: Annotated[int, typer.Option(help="sequence length")],
+    mbs: Annotated[int, typer.Option(help="micro-batch, sequences")] = 1,
+    pp: Annotated[Optional[int], typer.Option(help="pipeline ranks (default: auto)")] = None,
+    top: Annotated[int, typer.Option(help="planner plans to run (the pick and runners-up)")] = 3,
+    iters: Annotated[int, typer.Option(help="iterations per run")] = 8,
+    warmup: Annotated[int, typer.Option(help="iterations left out of the measured step")] = 2,
+    device: Annotated[str, typer.Option(help="auto (a GPU when the cluster has one), cpu or cuda")] = "auto",
+    gpu: Annotated[Optional[str], typer.Option(help="GPU kind of a cuda run (default: this process's GPU)")] = None,
+    kernels: Annotated[str, typer.Option(help=f"one of {', '.join(KERNEL_CHOICES)}")] = "eager",
+    profile: Annotated[bool, typer.Option("--profile", help="profile the layers on this device first")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON instead of tables")] = False,
+    report: Annotated[Optional[Path], typer.Option(help="write an HTML report here")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", envvar="RAY_ADDRESS", help="join this Ray cluster (default: start a local one)")] = None,
+) -> None:
+    """Run the plans for MODEL on GPUS ranks of this node and compare them with their predictions."""
+    started = False
+    try:
+        with _user_errors():
+            try:
+                if device not in ("auto", "cpu", "cuda"):
+                    raise RequestError("device", f"must be auto, cpu or cuda, got {device!r}")
+                if kernels not in KERNEL_CHOICES:
+                    raise RequestError("kernels", f"must be one of {KERNEL_CHOICES}, got {kernels!r}")
+                if top < 1:
+                    raise RequestError("top", f"must be >= 1, got {top}")
+                if not 0 <= warmup < iters:
+                    raise RequestError("warmup", f"must be >= 0 and below --iters {iters}, got {warmup}")
+                if gpus < 1:
+                    raise RequestError("gpus", f"must be >= 1, got {gpus}")
+                fields = dict(model=model, nodes=1, gpus_per_node=gpus, gbs=gbs, mbs=mbs, seq=seq, ep=1, pp=pp, top=top,
+                              kernels=kernels)  # plan from the profiles of the kernels the runs use
+                # bad input fails before Ray starts
+                PlanRequest.parse(**fields, gpu="cpu" if device == "cpu" else gpu or "h200")
+                try:
+                    parallelisms(Cluster(1, gpus), gbs=gbs, mbs=mbs, ep=1, pp=pp,
+                                 layers=len(load_preset(model).layer_ids))
+                    if pp is not None:  # torch's schedules take no fewer microbatches than stages
+                        check_microbatches(gbs // (mbs * (gpus // pp)), pp, 1)
+                except ParallelismError as exc:
+                    raise RequestError(exc.field, exc.reason) from None
+                except ValueError as exc:
+                    raise RequestError("gbs", str(exc)) from None
+                engine = open_database(ctx.find_root().params.get("db") or default_url())
+                if device == "auto":  # only the cluster knows
+                    started = connect_ray(ray_address)
+                resolved = resolve_device(device)
+                request = PlanRequest.parse(**fields, gpu=_gpu_name(resolved, gpu))
+                if profile:
+                    _profile(engine, model, seq, mbs, kernels, resolved)
+                try:
+                    load_costs(engine, gpu_kind(request.gpu).device_name, model, seq, mbs, 1, kernels)
+                except ProfilesMissing as exc:
+                    raise ProfilesMissing(
+                        f"{str(exc).split(';')[0]}. Profile it first: tuner profile layers --model {model} "
+                        f"--seq {seq} --mbs {mbs} --ep 1 --device {resolved}, or pass --profile") from None
+                started = connect_ray(ray_address) or started
+                validation = validate(engine, request, top, iters=iters, warmup=warmup, device=resolved,
+                                      kernels=kernels, on_phase=lambda phase: err_console.print(
+                                          f"[dim]{phase}[/dim]", highlight=False))
+            except (ProfileError, profiles.ProfileError, TrainRequestError) as exc:
+                raise RequestError("request", str(exc)) from None
+            data = validation.to_dict()
+            if report is not None:
+                write_validation_report(report, data)
+    finally:
+        if started:
+            ray.shutdown()
+    if json_out:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    for table in tables(data):
+        console.print(table)
+    for line in summary_lines(data) + ([f"report {report}"] if report else []):
+        console.print(line, highlight=False)

@@ -1,0 +1,1 @@
+"""Launch-parameter sweeps: spec -> queue -> serve -> runner (strategies) -> trials -> export."""

@@ -1,0 +1,397 @@
+"""Run one claimed sweep on a worker pool: propose, prune, compile ahead, benchmark, record.
+
+For each shape the runner keeps every device worker busy. It takes configs from the
+strategy ahead of time, prunes those that violate the space's constraints, answers those
+whose identity was measured before from the database, compiles the rest on CPU workers and
+hands compiled configs to idle device workers; a worker that falls idle while nothing is
+compiled yet takes the oldest config still compiling and compiles it itself. Finished
+benchmarks free their worker before any bookkeeping, and every finished trial is committed
+at once, so a killed server loses nothing it measured and a restarted one re-runs only the
+trials that were in flight. When a shape is done, its best configs are re-timed together
+on every device worker with the longer re-timing settings, and the winner is taken from
+that re-timing.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import optuna
+import ray
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session
+
+from db import Sweep, SweepStatus, Trial, TrialStatus, session_scope
+from db.models import utcnow
+from kernels import registry
+from tuner.sweep import queue
+from tuner.sweep.identity import config_identity
+from tuner.sweep.ranking import pick, screening_time, trial_time
+from tuner.sweep.spec import SweepSpec
+from tuner.sweep.strategies import ConfigSource, GridSource, OptunaSource, Proposal, default_in_space, make_sampler
+from workers.compile_task import compile_config
+from workers.pool import WorkerPool
+
+HEARTBEAT_EVERY_S = 5.0
+# Compile workers hold a copy of the inputs on the GPU; all of them together may use this
+# share of its memory, else the benchmarking children compile for themselves.
+COMPILE_MEMORY_SHARE = 0.25
+# Verdicts another sweep may reuse: a time, and a compiler's refusal, are fixed by the identity.
+# A wrong output depends on the tolerance, and a crash, a timeout or an out-of-memory compile
+# can be the machine's state rather than the config's, so those are measured again.
+REUSABLE = (TrialStatus.ok.value, TrialStatus.compile_error.value)
+ProgressFn = Callable[[str, int, int, float | None], None]
+
+
+def _screening_metrics(trial: Trial) -> dict[str, Any]:
+    """A trial's metrics without its re-timing's: a reuse is measured beside other rivals, if at all."""
+    return {k: v for k, v in trial.metrics.items() if not k.startswith("retime_")}
+
+
+def reusable_trial(session: Session, identity: str) -> Trial | None:
+    """The first stored trial of ``identity`` whose verdict another sweep may take (see ``REUSABLE``)."""
+    return session.scalars(
+        select(Trial).where(Trial.identity == identity, Trial.status.in_(REUSABLE),
+                            Trial.error.is_(None) | Trial.error.not_like("%OutOfMemoryError%"))
+        .order_by(Trial.id).limit(1)
+    ).first()
+
+
+@dataclass
+class Pending:
+    """A proposal on its way through compile and benchmark."""
+
+    proposal: Proposal
+    identity: str
+    submitted: float = field(default_factory=time.monotonic)
+    started_at: datetime | None = None
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.proposal.config
+
+
+@dataclass
+class ShapeState:
+    shape: dict[str, int]
+    key: str
+    source: ConfigSource
+    budget: int  # trials to evaluate: the sweep's budget, or every valid config where there are fewer
+    evaluated: int = 0
+    pruned: int = 0
+    best_ms: float | None = None
+
+
+class SweepStopped(Exception):
+    """The sweep was cancelled or taken over by another server."""
+
+
+class SweepRunner:
+    """Runs one sweep that ``owner`` has claimed."""
+
+    def __init__(self, engine: Engine, storage: optuna.storages.BaseStorage, sweep_id: int,
+                 owner: str, pool: WorkerPool, on_progress: ProgressFn | None = None) -> None:
+        self.engine, self.storage, self.sweep_id, self.owner, self.pool = engine, storage, sweep_id, owner, pool
+        self.on_progress = on_progress or (lambda *_: None)
+        sweep = queue.get_sweep(engine, sweep_id)
+        self.spec = SweepSpec.model_validate(sweep.spec)
+        self.kernel = registry.get(self.spec.kernel)
+        self.arch = pool.arch
+        if self.spec.arch not in ("auto", self.arch):
+            raise ValueError(f"sweep {sweep_id} asks for arch {self.spec.arch} but the workers run {self.arch}")
+        self.space = self.spec.search_space()
+        self.dimensions = self.space.dimensions(self.arch)
+        self.budget = self.spec.trial_budget(self.arch)
+        # the kernel's code is part of what a stored timing measured (see tuner.sweep.identity)
+        self.toolchain = {**pool.toolchain, "kernel_source": self.kernel.source_version}
+        self.atol, self.rtol = self.spec.tolerances()
+        self.timing = self.spec.timing
+        self.deadline = (time.monotonic() + self.spec.budget.max_minutes * 60) if self.spec.budget.max_minutes else None
+        self._last_beat = 0.0
+
+    # -- the sweep ---------------------------------------------------------------------
+    def run(self) -> SweepStatus:
+        """Run every shape, then mark the sweep done; ``cancelled`` if it was stopped."""
+        with session_scope(self.engine) as session:
+            session.execute(update(Sweep).where(Sweep.id == self.sweep_id).values(arch=self.arch))
+        try:
+            for shape in self.spec.resolved_shapes():
+                state = self._open_shape(shape)
+                self._search(state)
+                self._retime(state)
+        except SweepStopped:
+            return SweepStatus.cancelled
+        if not queue.finish(self.engine, self.sweep_id, self.owner, SweepStatus.done):
+            return SweepStatus(queue.get_sweep(self.engine, self.sweep_id).status)
+        return SweepStatus.done
+
+    def _beat(self) -> None:
+        if time.monotonic() - self._last_beat < HEARTBEAT_EVERY_S:
+            return
+        self._last_beat = time.monotonic()
+        if not queue.heartbeat(self.engine, self.sweep_id, self.owner):
+            raise SweepStopped()
+
+    def _identity(self, key: str, config: dict[str, Any]) -> str:
+        return config_identity(self.kernel.name, key, self.arch, config, self.toolchain, self.timing.method)
+
+    def _open_shape(self, shape: dict[str, int]) -> ShapeState:
+        """Load what this sweep already recorded for the shape and set up its strategy."""
+        key = self.kernel.shape_key(shape)
+        name = self.spec.strategy.name
+        verdicts = [(config, self.space.violation(config, shape, self.arch)) for config in self.space.grid(self.arch)]
+        valid_configs = [config for config, reason in verdicts if reason is None]
+        sampled = name != "grid" and bool(valid_configs)  # else walked as a grid, below
+        study = optuna.create_study(
+            storage=self.storage, direction="minimize", load_if_exists=True,
+            sampler=make_sampler(name, self.spec.strategy.seed, valid_configs, self.dimensions) if sampled else None,
+            study_name=f"sweep-{self.sweep_id}/{self.kernel.name}/{key}")
+        with session_scope(self.engine) as session:
+            rows = session.scalars(select(Trial).where(Trial.sweep_id == self.sweep_id, Trial.shape_key == key)).all()
+            recorded = {r.identity for r in rows}
+            ok = [r.median_ms for r in rows if r.status == TrialStatus.ok.value]
+            pruned = sum(r.status == TrialStatus.pruned.value for r in rows)
+            evaluated = len(rows) - pruned
+        valid = len(valid_configs)
+        # A budget of half the shape's valid configs or more walks them as a grid does, in shuffled
+        # order: a sampler would spend most of it on the few configs it models worst. An uncapped
+        # grid counts its pruned points too, so its budget stays the whole grid.
+        budget = self.budget if self.spec.budget_counts_pruned else min(self.budget, valid)
+        if name == "grid" or 2 * budget >= valid:
+            remaining, newly_pruned = [], []
+            for config, reason in verdicts:
+                identity = self._identity(key, config)
+                if identity in recorded:
+                    continue
+                if reason:
+                    newly_pruned.append((config, identity, reason))
+                else:
+                    remaining.append(config)
+            self._write_pruned(key, newly_pruned)
+            pruned += len(newly_pruned)
+            source: ConfigSource = GridSource(study, self.dimensions, remaining, self.spec.strategy.seed,
+                                              first=default_in_space(self.kernel, self.space, shape, self.arch))
+        else:
+            source = OptunaSource(study, self.dimensions, max_asks=20 * self.budget + self.space.size(self.arch))
+            default = default_in_space(self.kernel, self.space, shape, self.arch)
+            if default is not None and not study.get_trials(deepcopy=False):
+                study.enqueue_trial(default)
+        return ShapeState(shape, key, source, budget, evaluated=evaluated, pruned=pruned,
+                          best_ms=min(ok) if ok else None)
+
+    # -- search loop -------------------------------------------------------------------
+    def _may_propose(self, state: ShapeState, inflight: int) -> bool:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            return False
+        return state.evaluated + inflight < state.budget
+
+    def _compiles_ahead(self, shape: dict[str, int]) -> bool:
+        """Whether CPU workers compile ahead: a GPU pool, and every worker's inputs fit beside the sweep."""
+        if not self.pool.compile_ahead or self.kernel.compile is None:
+            return False
+        memory = min(i.get("memory_bytes") or 0 for i in self.pool.infos)
+        return self.kernel.bytes_moved(shape) * self.pool.compile_slots <= COMPILE_MEMORY_SHARE * memory
+
+    def _search(self, state: ShapeState) -> None:
+        ready: deque[Pending] = deque()
+        compiling: dict[Any, Pending] = {}
+        benching: dict[Any, tuple[Pending, int]] = {}
+        idle = list(range(len(self.pool.workers)))
+        compile_ahead = self._compiles_ahead(state.shape)
+        lookahead = 2 * len(idle) + (self.pool.compile_slots if compile_ahead else 0)
+        timeout_s = self.timing.trial_timeout_s
+        exhausted = False
+
+        def admit(pending: Pending) -> None:
+            if compile_ahead:
+                task = compile_config.options(runtime_env=self.pool.runtime_env)
+                ref = task.remote(self.kernel.name, state.shape, pending.config)
+                compiling[ref] = pending
+            else:
+                ready.append(pending)
+
+        def dispatch() -> None:
+            while idle and (ready or compiling):
+                if ready:
+                    pending = ready.popleft()
+                else:  # nothing compiled yet: the worker compiles the oldest one itself
+                    pending = compiling.pop(next(iter(compiling)))
+                worker = idle.pop()
+                pending.started_at = utcnow()
+                request = {"kernel": self.kernel.name, "shape": state.shape, "config": pending.config,
+                           "seed": self.timing.input_seed, "atol": self.atol, "rtol": self.rtol,
+                           "warmup_ms": self.timing.warmup_ms, "rep_ms": self.timing.rep_ms,
+                           "method": self.timing.method}
+                benching[self.pool.workers[worker].run_trial.remote(request, timeout_s)] = (pending, worker)
+
+        for proposal in state.source.resume():
+            admit(Pending(proposal, self._identity(state.key, proposal.config)))
+        self._report(state)
+        while True:
+            self._beat()
+            while not exhausted and len(ready) + len(compiling) + len(benching) < lookahead and self._may_propose(
+                state, len(ready) + len(compiling) + len(benching)
+            ):
+                proposal = state.source.propose()
+                if proposal is None:
+                    exhausted = True
+                elif (pending := self._screen(state, proposal)) is not None:
+                    admit(pending)
+            dispatch()
+            if not (ready or compiling or benching):
+                return
+            done, _ = ray.wait([*compiling, *benching], num_returns=1, timeout=1.0)
+            if done:
+                done, _ = ray.wait([*compiling, *benching], num_returns=len(compiling) + len(benching), timeout=0)
+            finished: list[tuple[Pending, dict[str, Any], int | None]] = []
+            for ref in done:
+                if ref in compiling:
+                    pending = compiling.pop(ref)
+                    result = self._get(ref)
+                    if result["status"] == "ok":
+                        ready.append(pending)
+                    else:
+                        finished.append((pending, result, None))
+                elif ref in benching:
+                    pending, worker = benching.pop(ref)
+                    idle.append(worker)
+                    finished.append((pending, self._get(ref), worker))
+            dispatch()  # workers first, bookkeeping after
+            for pending, result, worker in finished:
+                self._record(state, pending, result, worker)
+            for ref, pending in list(compiling.items()):
+                if time.monotonic() - pending.submitted > timeout_s:
+                    ray.cancel(ref, force=True)
+                    del compiling[ref]
+                    self._record(state, pending, {"status": "compile_error",
+                                                  "error": f"compilation took over {timeout_s:.0f} s"}, worker=None)
+
+    @staticmethod
+    def _get(ref: Any) -> dict[str, Any]:
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            return {"status": "crash", "error": f"worker failed: {exc}"[:4000]}
+
+    def _screen(self, state: ShapeState, proposal: Proposal) -> Pending | None:
+        """A proposal that must be measured, or None when it was pruned or answered from the DB."""
+        identity = self._identity(state.key, proposal.config)
+        reason = self.space.violation(proposal.config, state.shape, self.arch)
+        if reason:
+            self._write_pruned(state.key, [(proposal.config, identity, reason)])
+            state.pruned += 1
+            self._tell(state, proposal, TrialStatus.pruned.value, None)
+            return None
+        if self._reuse(state, proposal, identity):
+            return None
+        return Pending(proposal, identity)
+
+    def _reuse(self, state: ShapeState, proposal: Proposal, identity: str) -> bool:
+        """Answer a proposal from an earlier measurement of the same identity; True if one existed."""
+        with session_scope(self.engine) as session:
+            previous = reusable_trial(session, identity)
+            if previous is None:
+                return False
+            if previous.sweep_id != self.sweep_id:
+                session.add(self._trial(
+                    state.key, proposal.config, identity, status=previous.status, median_ms=previous.median_ms,
+                    p20_ms=previous.p20_ms, p80_ms=previous.p80_ms, reps=previous.reps,
+                    metrics={**_screening_metrics(previous), "reused_from": previous.id}, error=previous.error,
+                    host=previous.host, gpu_name=previous.gpu_name, sm_count=previous.sm_count,
+                    versions=previous.versions))
+                state.evaluated += 1
+            status, median = previous.status, previous.median_ms
+        self._tell(state, proposal, status, median)
+        return True
+
+    def _tell(self, state: ShapeState, proposal: Proposal, status: str, median_ms: float | None) -> None:
+        """Report a measured config to the search: its device time (host times are too noisy to steer it)."""
+        state.source.report(proposal, status, median_ms)
+        if status == TrialStatus.ok.value:
+            state.best_ms = median_ms if state.best_ms is None else min(state.best_ms, median_ms)
+        self._report(state)
+
+    def _trial(self, key: str, config: dict[str, Any], identity: str, **measured: Any) -> Trial:
+        """A trial row of this sweep; ``measured`` holds the status and what was measured."""
+        return Trial(sweep_id=self.sweep_id, kernel=self.kernel.name, shape_key=key, arch=self.arch,
+                     config=config, identity=identity, **measured)
+
+    def _write_pruned(self, key: str, pruned: list[tuple[dict[str, Any], str, str]]) -> None:
+        with session_scope(self.engine) as session:
+            session.add_all(self._trial(key, config, identity, status=TrialStatus.pruned.value, error=reason,
+                                        versions=self.toolchain, metrics={})
+                            for config, identity, reason in pruned)
+
+    def _record(self, state: ShapeState, pending: Pending, result: dict[str, Any], worker: int | None) -> None:
+        """Commit a finished trial, then report it (a kill in between only repeats the report)."""
+        info = self.pool.infos[worker] if worker is not None else {}
+        metrics = {**result.get("metrics", {}), **({"busy_s": result["busy_s"]} if "busy_s" in result else {})}
+        with session_scope(self.engine) as session:
+            session.add(self._trial(
+                state.key, pending.config, pending.identity, status=result["status"],
+                median_ms=result.get("median_ms"), p20_ms=result.get("p20_ms"), p80_ms=result.get("p80_ms"),
+                reps=result.get("reps"), error=result.get("error"), metrics=metrics,
+                host=info.get("host"), gpu_name=info.get("gpu_name"), sm_count=info.get("sm_count"),
+                versions=self.toolchain, started_at=pending.started_at))
+        state.evaluated += 1
+        self._tell(state, pending.proposal, result["status"], result.get("median_ms"))
+
+    def _report(self, state: ShapeState) -> None:
+        done = state.evaluated + (state.pruned if self.spec.budget_counts_pruned else 0)
+        total = state.budget
+        self.on_progress(state.key, min(done, total), total, state.best_ms)
+
+    # -- re-timing of the best configs -------------------------------------------------
+    def _retime(self, state: ShapeState) -> None:
+        """Time the best few configs together on every device worker (the best by device time, and by
+        eager time where the rank is eager); mark the fastest under the sweep's rank."""
+        with session_scope(self.engine) as session:
+            rows = session.scalars(
+                select(Trial).where(Trial.sweep_id == self.sweep_id, Trial.shape_key == state.key,
+                                    Trial.status == TrialStatus.ok.value)
+            ).all()
+            rank = self.timing.rank
+            orders: list[Callable[[Trial], float]] = [lambda r: r.median_ms]
+            if rank == "eager":  # the best by device time may all be host-bound
+                orders.append(lambda r: screening_time(r).ms(rank))
+            best: dict[str, Trial] = {}
+            for order in orders:
+                distinct: dict[str, Trial] = {}
+                for row in sorted(rows, key=order):
+                    distinct.setdefault(row.identity, row)
+                for identity, row in list(distinct.items())[: self.timing.retime_top]:
+                    best.setdefault(identity, row)
+            candidates = list(best.values())
+            if not candidates:
+                return
+            per_worker: list[list[float]] = []
+            host_per_worker: list[list[float]] = []
+            if len(candidates) > 1:
+                request = {"kernel": self.kernel.name, "shape": state.shape, "configs": [c.config for c in candidates],
+                           "seed": self.timing.input_seed, "rounds": self.timing.retime_rounds,
+                           "warmup_ms": self.timing.retime_warmup_ms, "rep_ms": self.timing.retime_rep_ms,
+                           "method": self.timing.method}
+                timeout = self.timing.trial_timeout_s * len(candidates)
+                answers = [self._get(r) for r in [w.retime.remote(request, timeout) for w in self.pool.workers]]
+                per_worker = [a["medians_ms"] for a in answers if a.get("status") == "ok"]
+                host_per_worker = [a["host_least_ms"] for a in answers if "host_least_ms" in a]
+                retime_busy_s = [a.get("busy_s", 0.0) for a in answers]
+            session.execute(update(Trial).where(Trial.sweep_id == self.sweep_id, Trial.shape_key == state.key)
+                            .values(is_winner=False))
+            for i, row in enumerate(candidates):
+                samples = sorted(w[i] for w in per_worker)
+                if samples:
+                    row.retime_ms = statistics.median(samples)
+                    row.metrics = {**row.metrics, "retime_per_worker_ms": samples}
+                if host_per_worker:
+                    row.metrics = {**row.metrics, "retime_host_ms": min(w[i] for w in host_per_worker)}
+            winner = pick(candidates, trial_time, rank)
+            winner.is_winner = True
+            if per_worker:
+                winner.metrics = {**winner.metrics, "retime_busy_s": retime_busy_s}
