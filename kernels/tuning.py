@@ -10,7 +10,8 @@ Every kernel launch in this project resolves its config through ``resolve``. Rul
   summed |log2| distance over the remaining fields (ties: the smaller shape key). Source
   ``table``. An entry's keys are laid over the default, so an entry written for an older
   space (fewer parameters) still launches.
-* Otherwise the kernel's heuristic default. Source ``default``.
+* Otherwise the kernel's heuristic default. Source ``default``. ``TUNER_TABLES=off`` skips the
+  tables, so every launch takes this (a benchmark's untuned baseline).
 
 A missing, unreadable or wrong-schema table never breaks a kernel: the lookup warns once
 and falls back. Results are cached per (kernel, shape), so a lookup costs a dict hit.
@@ -49,7 +50,12 @@ def env_var_name(kernel: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def load_table(arch: str) -> dict[str, Any] | None:
-    """The table of ``arch`` (override folder first), or None with a one-time warning."""
+    """The table of ``arch`` (override folder first), or None with a one-time warning.
+
+    ``TUNER_TABLES=off`` reads no table at all: every launch at its heuristic default (the
+    baseline the benchmarks compare a tuned table against)."""
+    if os.environ.get("TUNER_TABLES") == "off":
+        return None
     override = os.environ.get("TUNER_TABLES_DIR")
     candidates = [table_path(arch, Path(override))] if override else []
     candidates.append(table_path(arch))
