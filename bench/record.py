@@ -113,6 +113,7 @@ def write_record(record: dict[str, Any], path: Path) -> Path:
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a record from other users of the checkout
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

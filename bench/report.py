@@ -86,7 +86,7 @@ def render_performance(records: list[dict[str, Any]]) -> str:
         meta = [["claim", record["claim"]], ["device", record["device"]], ["commit", record["commit"]],
                 ["command", "`" + " ".join(record["command"]) + "`"], ["started at", record["started_at"]],
                 ["toolchain", ", ".join(f"{k} {v}" for k, v in tools.items() if v)],
-                ["table digest", record["table_digest"]]]
+                ["table digest", record["table_digest"]]] + ([["note", record["note"]]] if "note" in record else [])
         sections.append(f"## {_heading(record)}\n\n" + _table(["", ""], meta) + "\n"
                         + render_figures(record["figures"]))
     return "\n".join(sections)

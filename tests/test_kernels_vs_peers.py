@@ -1,0 +1,67 @@
+"""``bench/kernels_vs_peers.py``'s summary: each README target measured from raw rows and marked met or missed."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.kernels_vs_peers import GEMM_TARGET_SHAPE, _launches, summarize
+from kernels import registry
+
+
+def _row(kernel: str, shape: str, default_ms: float, tuned_ms: float | None, **extra: dict) -> dict:
+    ms = {"default": default_ms, **({"tuned": tuned_ms} if tuned_ms else {})}
+    return {"kernel": kernel, "shape": shape, "preset": "v4-flash", "flops": None, "bytes": 4096, "ms": ms,
+            "graph_ms": {}, "pct_of_copy": {v: 50.0 for v in ms}, "parity": {"default": "ok"},
+            "tuned_config": {"BLOCK": 1} if tuned_ms else None, **extra}
+
+
+def _by_target(figures: dict) -> dict[str, dict]:
+    return {t["target"].split(" ")[0] + " " + t["target"].split(" ")[1]: t for t in figures["targets"]}
+
+
+def test_block_geomean_counts_cells_without_a_tuned_config_at_their_default() -> None:
+    rows = [_row("rope_fwd", "tokens=1", 2.0, 1.0), _row("rope_fwd", "tokens=2", 8.0, 1.0),
+            _row("router_fwd", "tokens=1", 3.0, None)]
+    block = _by_target(summarize(rows, 1000.0, {}, 750.0))["block kernels"]
+    assert block["measured"].startswith("2.520x over 3 cells") and "4.000x over the 2 tuned" in block["measured"]
+    assert block["status"] == "met"
+    memory = _by_target(summarize(rows, 1000.0, {}, 750.0))["memory-bound block"]
+    assert memory["measured"].startswith("0 of 3 cells") and memory["status"] == "missed"
+
+
+def test_attention_and_gemm_targets_from_tflops() -> None:
+    csa = "batch=1,seq=4096,heads=64,ratio=4,topk=512,window=128"
+    rows = [_row("sparse_attn_fwd", csa, 2.0, 1.0, tflops={"default": 176.0, "tuned": 352.0, "eager": 14.0}),
+            _row("sparse_attn_bwd", csa, 3.0, 2.0, tflops={"default": 100.0, "tuned": 149.0, "eager": 2.0}),
+            _row("expert_up_fwd", GEMM_TARGET_SHAPE, 1.1, 1.0,
+                 tflops={"default": 550.0, "tuned": 604.0, "grouped_mm": 652.0})]
+    figures = summarize(rows, 4000.0, {"expert_up_fwd": {GEMM_TARGET_SHAPE: {"config": {"BLOCK": 1},
+                                                                            "sweep_id": 7}}}, 750.0)
+    targets = _by_target(figures)
+    assert targets["Flash CSA"]["measured"] == "352 / 149" and targets["Flash CSA"]["status"] == "missed"
+    assert targets["attention tuned"]["measured"] == f"{(2.0 * 1.5) ** 0.5:.3f}x"
+    assert targets["grouped expert"] == {"target": targets["grouped expert"]["target"],
+                                         "measured": "604 TFLOP/s, 93%", "status": "met"}
+    assert figures["expert GEMMs"][f"expert_up_fwd {GEMM_TARGET_SHAPE}"]["table entry"] == "sweep 7"
+    assert figures["attention"]["v4-flash CSA 4096"]["bwd tuned TFLOP/s"] == 149.0
+
+
+def test_floors_and_parity_failures() -> None:
+    shape = "batch=1,seq=4096,ratio=4,dim=128"
+    rows = [_row("compressor_bwd", shape, 0.03, 0.0086, graph_ms={"default": 0.03, "tuned": 0.0086,
+                                                                  "same_size_copy": 0.0039}),
+            _row("indexer_fwd", "batch=1,seq=8192,topk=512", 0.6, 0.3216, flops=int(0.1832e-3 * 750e12))]
+    rows[0]["parity"]["tuned"] = "max abs err 1.0"
+    figures = summarize(rows, 4096e-3 / 0.0010 / 1e6 * 1e3, {}, 750.0)
+    targets = _by_target(figures)
+    assert targets["compressor within"]["measured"] == "0 of 1 launches; compressor_bwd seq=4096,ratio=4,dim=128 2.21x"
+    assert targets["indexer call"] == {"target": "indexer call within 2x of its floor", "measured": "8192: 1.76x",
+                                       "status": "met"}
+    assert figures["parity failures"] == [f"compressor_bwd {shape} tuned: max abs err 1.0"]
+
+
+def test_unknown_launch_is_refused() -> None:
+    assert _launches("gemm,rope_fwd")[-1] == "rope_fwd" and "expert_up_bwd_dw" in _launches("gemm")
+    with pytest.raises(ValueError, match="--kernels: unknown launch or group nope"):
+        _launches("attention,nope")
+    assert set(_launches("attention,gemm,memory")) <= set(registry.names())
