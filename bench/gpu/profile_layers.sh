@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU run: the per-layer profiles the planner ships (issue 34), for v4-flash and v4-pro at
-# seq 4096, mbs 1, EP 8, on the Triton kernels of the committed tables. Writes a SQLite database
+# seq 4096, mbs 1, EP 8, on the Triton kernels of the committed tables, and proxy-8l at EP 1 (what
+# the planner needs for the training ladder's one-GPU recompute plan). Writes a SQLite database
 # and one log per model under $OUT; `tuner profile export` turns the database into packaged profiles.
 # Usage (GPU host, bundle carried): source .gpubundle/install.sh && bash bench/gpu/profile_layers.sh
 set -uo pipefail
@@ -8,8 +9,9 @@ out=${OUT:-/tmp/profile-layers}
 mkdir -p "$out"
 db="sqlite:///$out/profiles.db"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/device.csv" 2>&1
-for model in v4-flash v4-pro; do
-  python3 -m tuner.cli --db "$db" profile layers --model "$model" --seq 4096 --mbs 1 --ep 8 --kernels triton \
-    > "$out/$model.log" 2>&1
-  echo "$model: exit $?"; tail -30 "$out/$model.log"
+for job in "v4-flash 8" "v4-pro 8" "proxy-8l 1"; do
+  set -- $job
+  python3 -m tuner.cli --db "$db" profile layers --model "$1" --seq 4096 --mbs 1 --ep "$2" --kernels triton \
+    > "$out/$1.log" 2>&1
+  echo "$1 (ep $2): exit $?"; tail -14 "$out/$1.log"
 done

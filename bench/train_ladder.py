@@ -1,0 +1,197 @@
+"""Training ladder: what each tuning step gives a V4 training step on one device (eager -> Triton defaults -> tuned table -> tuned table + the planner's recompute plan).
+
+Each rung trains the same preset, batch and data (``v4.pipeline.train``, one rank) in its own
+process, so one rung's compiled kernels, cached table lookups and allocator state never reach
+the next:
+
+* ``eager``: the PyTorch reference ops;
+* ``triton-defaults``: the Triton kernels with every launch at its heuristic default
+  (``TUNER_TABLES=off``);
+* ``triton-tuned``: the Triton kernels reading the tuned tables (user table over shipped);
+* ``triton-tuned-recompute``: the same with ``--recompute`` (the planner's recompute plan for
+  this device; the GPU script takes it from ``tuner plan``). Left out when no plan is given.
+
+Per rung: the median step time over the measured iterations (``--warmup-iters`` left out),
+tokens/s and model TFLOP/s per GPU (``v4.flops``), peak allocated memory (CUDA) and the loss
+curve. Loss parity: each rung's losses against eager's, step by step, as a relative difference;
+a rung is within bf16 noise when every step differs by at most two bf16 ulps (2^-7 relative).
+``--plot FILE.svg`` draws throughput per rung and the loss curves from a record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+RUNGS = ("eager", "triton-defaults", "triton-tuned", "triton-tuned-recompute")
+BF16_NOISE = 2.0 ** -7  # two bf16 ulps, relative
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="proxy-8l", help="model preset (v4/presets)")
+    parser.add_argument("--gbs", type=int, default=8, help="global batch (sequences a step)")
+    parser.add_argument("--mbs", type=int, default=1, help="microbatch size")
+    parser.add_argument("--seq", type=int, default=4096, help="sequence length")
+    parser.add_argument("--iters", type=int, default=20, help="iterations per rung")
+    parser.add_argument("--warmup-iters", type=int, default=3, help="iterations left out of the step time")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--recompute", default=None,
+                        help="the planner's recompute plan for the last rung (v4.recompute syntax); none: rung left out")
+    parser.add_argument("--rungs", default=",".join(RUNGS), help="comma-separated subset of " + ", ".join(RUNGS))
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds a rung may take")
+
+
+def rung_config(rung: str, args: argparse.Namespace, device: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The ``RunConfig`` fields and the extra environment of one rung."""
+    if rung not in RUNGS:
+        raise ValueError(f"rungs: unknown rung {rung!r}; choose from {', '.join(RUNGS)}")
+    run = dict(preset=args.preset, gbs=args.gbs, mbs=args.mbs, seq=args.seq, iters=args.iters,
+               warmup_iters=args.warmup_iters, device=device, seed=0,
+               kernels="eager" if rung == "eager" else "triton",
+               recompute=args.recompute if rung == "triton-tuned-recompute" else "none")
+    env = {"TUNER_TABLES": "off"} if rung == "triton-defaults" else {}
+    return run, env
+
+
+def _train_one(run_fields: dict[str, Any]) -> dict[str, Any]:
+    """Child side: one rank of a one-rank process group trains ``run_fields``; returns the result and tables."""
+    import torch
+    import torch.distributed as dist
+
+    from kernels.provenance import kernel_tables
+    from v4.pipeline import RunConfig, train
+
+    run = RunConfig(**run_fields)
+    with tempfile.TemporaryDirectory() as rendezvous:
+        backend = "nccl" if run.device == "cuda" else "gloo"
+        if run.device == "cuda":
+            torch.cuda.set_device(0)
+        dist.init_process_group(backend, init_method=f"file://{rendezvous}/store", rank=0, world_size=1)
+        try:
+            result = train(run)
+        finally:
+            dist.destroy_process_group()
+    return {"result": result.model_dump(), "tables": kernel_tables(run.kernels)}
+
+
+def parity(losses: list[float], reference: list[float]) -> dict[str, Any]:
+    """Step-by-step relative loss difference against the eager rung's losses."""
+    if len(losses) != len(reference) or not losses:
+        return {"max_rel_diff": None, "within_bf16_noise": False}
+    worst = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, reference))
+    return {"max_rel_diff": worst, "within_bf16_noise": worst <= BF16_NOISE}
+
+
+def summarize(rung: str, answer: dict[str, Any], warmup_iters: int) -> dict[str, Any]:
+    """The figures of one rung from its ``RunResult`` (as a dict)."""
+    result = answer["result"]
+    figures: dict[str, Any] = {"status": result["status"], "tables": answer["tables"]}
+    if result["status"] != "ok":
+        figures["message"] = result["message"]
+        return figures
+    measured = result["iteration_times_s"][warmup_iters:]
+    peaks = [m["peak_allocated_bytes"] for m in result["stage_memory"] if m["peak_allocated_bytes"] is not None]
+    figures.update(
+        step_ms_median=statistics.median(measured) * 1e3,
+        tokens_per_s_per_gpu=result["tokens_per_s_per_gpu"],
+        model_tflops_per_gpu=result["model_tflops_per_gpu"],
+        peak_allocated_gib=max(peaks) / 2**30 if peaks else None,
+        losses=result["losses"])
+    return figures
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Train every rung in its own process and compare them; see the module doc."""
+    import torch
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    rungs = [r.strip() for r in args.rungs.split(",") if r.strip()]
+    if args.recompute is None:
+        rungs = [r for r in rungs if r != "triton-tuned-recompute"]
+    figures: dict[str, Any] = {"preset": args.preset, "gbs": args.gbs, "mbs": args.mbs, "seq": args.seq,
+                               "iters": args.iters, "device": device, "recompute": args.recompute, "rungs": {}}
+    for rung in rungs:
+        run_fields, env = rung_config(rung, args, device)
+        print(f"train_ladder: {rung} ...", file=sys.stderr, flush=True)
+        proc = subprocess.run([sys.executable, "-m", "bench.train_ladder", "--child", json.dumps(run_fields)],
+                              env={**os.environ, **env}, capture_output=True, text=True, timeout=args.timeout)
+        if proc.returncode != 0:
+            figures["rungs"][rung] = {"status": "error", "message": proc.stderr.strip().splitlines()[-5:]}
+            continue
+        figures["rungs"][rung] = summarize(rung, json.loads(proc.stdout.strip().splitlines()[-1]), args.warmup_iters)
+    _compare(figures["rungs"])
+    return figures
+
+
+def _compare(rungs: dict[str, dict[str, Any]]) -> None:
+    """Add loss parity against eager and speed-ups over the rung below, in place."""
+    eager = rungs.get("eager", {})
+    previous = None
+    for name, rung in rungs.items():
+        if rung.get("status") != "ok":
+            continue
+        if name != "eager" and eager.get("status") == "ok":
+            rung["loss_parity_vs_eager"] = parity(rung["losses"], eager["losses"])
+        if previous is not None:
+            rung["speedup_over_previous_rung"] = rung["tokens_per_s_per_gpu"] / previous["tokens_per_s_per_gpu"]
+        previous = rung
+    defaults, tuned = rungs.get("triton-defaults", {}), rungs.get("triton-tuned", {})
+    if defaults.get("status") == tuned.get("status") == "ok":
+        tuned["speedup_over_defaults"] = tuned["tokens_per_s_per_gpu"] / defaults["tokens_per_s_per_gpu"]
+
+
+def plot_svg(figures: dict[str, Any], width: int = 720, height: int = 300) -> str:
+    """Two panels: model TFLOP/s per GPU per rung (bars), and every rung's loss curve."""
+    rungs = {name: r for name, r in figures["rungs"].items() if r.get("status") == "ok"}
+    half = width // 2
+    parts = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             'xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="11">',
+             f'<text x="8" y="14">model TFLOP/s per GPU ({figures["preset"]}, gbs {figures["gbs"]}, '
+             f'seq {figures["seq"]}, {figures["device"]})</text>',
+             f'<text x="{half + 8}" y="14">loss per step</text>']
+    colors = ["#888", "#d62728", "#1f77b4", "#2ca02c"]
+    top = max((r["model_tflops_per_gpu"] for r in rungs.values()), default=1.0) or 1.0
+    bar = (half - 40) / max(len(rungs), 1)
+    for i, (name, r) in enumerate(rungs.items()):
+        h = (height - 80) * r["model_tflops_per_gpu"] / top
+        x, y = 20 + i * bar, height - 50 - h
+        parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar * 0.7:.1f}" height="{h:.1f}" fill="{colors[i % 4]}"/>')
+        parts.append(f'<text x="{x:.1f}" y="{y - 4:.1f}">{r["model_tflops_per_gpu"]:.1f}</text>')
+        parts.append(f'<text x="{x:.1f}" y="{height - 36}" font-size="9">{name}</text>')
+    curves = [r["losses"] for r in rungs.values()]
+    if curves and curves[0]:
+        low, high = min(min(c) for c in curves), max(max(c) for c in curves)
+        span, steps = (high - low) or 1.0, max(len(c) for c in curves)
+        for i, losses in enumerate(curves):
+            points = " ".join(f"{half + 20 + (half - 40) * s / max(steps - 1, 1):.1f},"
+                              f"{30 + (height - 80) * (high - v) / span:.1f}" for s, v in enumerate(losses))
+            parts.append(f'<polyline points="{points}" fill="none" stroke="{colors[i % 4]}" stroke-width="1.2"/>')
+        parts.append(f'<text x="{half + 20}" y="{height - 36}">{low:.3f} .. {high:.3f} over {steps} steps</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``--child RUN_JSON``: train one rung here (the parent's subprocess); ``--plot RECORD SVG``: draw a record."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        print(json.dumps(_train_one(json.loads(argv[1]))))
+        return 0
+    if argv[:1] == ["--plot"]:
+        record = json.loads(Path(argv[1]).read_text())
+        Path(argv[2]).write_text(plot_svg(record.get("figures", record)))
+        return 0
+    print("usage: python -m bench train_ladder [options] | python -m bench.train_ladder --plot RECORD OUT.svg",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
