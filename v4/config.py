@@ -116,17 +116,17 @@ class ModelConfig(BaseModel):
         return layer_id < self.hash_layers
 
 
-class ParallelismError(ValueError):
+class ModelArgumentError(ValueError):
     """A parallelism or shape argument (ep, seq, mbs) that does not fit the model; the message names it."""
 
 
 def expert_parallel_config(config: ModelConfig, ep: int) -> ModelConfig:
     """``config`` with the ``experts / ep`` experts one EP rank holds (see ``tuner.train.profile_layers``)."""
     if ep < 1 or config.experts % ep:
-        raise ParallelismError(f"ep: {ep} does not divide the {config.experts} experts of {config.name}")
+        raise ModelArgumentError(f"ep: {ep} does not divide the {config.experts} experts of {config.name}")
     local = config.experts // ep
     if local < config.experts_per_token:
-        raise ParallelismError(f"ep: {ep} leaves {local} local experts, fewer than experts_per_token="
+        raise ModelArgumentError(f"ep: {ep} leaves {local} local experts, fewer than experts_per_token="
                            f"{config.experts_per_token}")
     return config.model_validate({**config.model_dump(), "experts": local})
 

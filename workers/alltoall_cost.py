@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from v4.config import ModelConfig, ParallelismError, expert_parallel_config
+from v4.config import ModelConfig, ModelArgumentError, expert_parallel_config
 
 ELEMENT_BYTES = 2  # bf16
 
@@ -52,13 +52,13 @@ class AlltoallShape:
 
 
 def alltoall_shape(config: ModelConfig, seq: int, mbs: int, ep: int) -> AlltoallShape:
-    """The all-to-all of one MoE layer of ``config``; ParallelismError names the argument that does not fit."""
+    """The all-to-all of one MoE layer of ``config``; ModelArgumentError names the argument that does not fit."""
     if ep < 2:
-        raise ParallelismError(f"ep: an all-to-all needs at least 2 expert-parallel ranks, got {ep}")
+        raise ModelArgumentError(f"ep: an all-to-all needs at least 2 expert-parallel ranks, got {ep}")
     expert_parallel_config(config, ep)  # the same ep rule as the layer profiles it completes
     for name, value in (("seq", seq), ("mbs", mbs)):
         if value < 1:
-            raise ParallelismError(f"{name}: must be >= 1, got {value}")
+            raise ModelArgumentError(f"{name}: must be >= 1, got {value}")
     return AlltoallShape(mbs * seq * config.experts_per_token, config.hidden, ep)
 
 

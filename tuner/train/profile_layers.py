@@ -57,7 +57,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from v4.config import STREAMS, ModelConfig, ParallelismError, expert_parallel_config, layer_kind
+from v4.config import STREAMS, ModelConfig, ModelArgumentError, expert_parallel_config, layer_kind
 from v4.memory import SavedActivations
 from v4.moe import MoE
 from v4.model import Block, build_embedding, build_head, build_layer, set_selective, to_streams
@@ -65,7 +65,7 @@ from v4.recompute import SELECTIVE_MODULES
 from v4.optim import MixedPrecisionAdamW
 
 
-class ProfileError(ParallelismError):
+class ProfileError(ModelArgumentError):
     """Profile arguments that do not fit the model; the message names the argument."""
 
 
