@@ -1,0 +1,71 @@
+"""``bench/train_ladder.py``: each rung trains in its own process with its own kernels and tables, the
+figures come from the run's result, and loss parity flags a rung that leaves bf16 noise."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bench import train_ladder
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    train_ladder.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def _answer(times: list[float], losses: list[float], tokens_per_s: float) -> dict:
+    memory = {"rank": 0, "stages": [0], "params": 1, "static_bytes": 1, "saved_activation_peak_bytes": 1,
+              "peak_allocated_bytes": 3 * 2**30, "peak_reserved_bytes": None}
+    result = {"status": "ok", "message": "", "iteration_times_s": times, "losses": losses,
+              "stage_memory": [memory], "tokens_per_s_per_gpu": tokens_per_s, "model_tflops_per_gpu": tokens_per_s / 10}
+    return {"result": result, "tables": {"kernels": "triton", "arch": "sm_90", "sha256": None}}
+
+
+def test_rungs_differ_only_in_kernels_tables_and_recompute():
+    args = _args("--recompute", "full")
+    configs = {rung: train_ladder.rung_config(rung, args, "cuda") for rung in train_ladder.RUNGS}
+    assert configs["eager"][0]["kernels"] == "eager" and configs["eager"][1] == {}
+    assert configs["triton-defaults"][1] == {"TUNER_TABLES": "off"}
+    assert configs["triton-tuned"][0]["kernels"] == "triton" and configs["triton-tuned"][1] == {}
+    assert configs["triton-tuned-recompute"][0]["recompute"] == "full"
+    assert {c[0]["recompute"] for r, c in configs.items() if r != "triton-tuned-recompute"} == {"none"}
+    shared = [{k: v for k, v in c[0].items() if k not in ("kernels", "recompute")} for c in configs.values()]
+    assert all(s == shared[0] for s in shared)
+    with pytest.raises(ValueError, match="rungs: unknown rung 'fast'"):
+        train_ladder.rung_config("fast", args, "cuda")
+
+
+def test_summary_leaves_warmup_out_and_parity_flags_a_drifting_rung():
+    eager = train_ladder.summarize("eager", _answer([9.0, 1.0, 3.0, 2.0], [5.0, 4.0, 3.0, 2.0], 100.0), 1)
+    assert eager["step_ms_median"] == pytest.approx(2000.0) and eager["peak_allocated_gib"] == pytest.approx(3.0)
+    rungs = {"eager": eager,
+             "triton-defaults": train_ladder.summarize("d", _answer([1.0] * 4, [5.0, 4.0, 3.0, 2.001], 150.0), 1),
+             "triton-tuned": train_ladder.summarize("t", _answer([1.0] * 4, [5.0, 4.0, 3.2, 2.0], 300.0), 1)}
+    train_ladder._compare(rungs)
+    assert rungs["triton-defaults"]["loss_parity_vs_eager"]["within_bf16_noise"] is True
+    assert rungs["triton-tuned"]["loss_parity_vs_eager"] == {"max_rel_diff": pytest.approx(0.2 / 3.0),
+                                                              "within_bf16_noise": False}
+    assert rungs["triton-tuned"]["speedup_over_defaults"] == pytest.approx(2.0)
+    assert rungs["triton-defaults"]["speedup_over_previous_rung"] == pytest.approx(1.5)
+    svg = train_ladder.plot_svg({"preset": "tiny", "gbs": 2, "seq": 64, "device": "cpu", "rungs": rungs})
+    assert svg.startswith("<svg") and svg.count("<polyline") == 3 and "triton-tuned" in svg
+
+
+def test_a_failed_rung_is_reported_not_compared():
+    failed = train_ladder.summarize("t", {"result": {"status": "oom", "message": "CUDA out of memory"},
+                                         "tables": {}}, 1)
+    rungs = {"eager": train_ladder.summarize("eager", _answer([1.0, 1.0], [2.0, 1.0], 10.0), 1), "triton-tuned": failed}
+    train_ladder._compare(rungs)
+    assert failed == {"status": "oom", "tables": {}, "message": "CUDA out of memory"}
+
+
+def test_an_eager_rung_trains_in_its_own_process():
+    figures = train_ladder.run(_args("--preset", "tiny", "--gbs", "1", "--seq", "64", "--iters", "2",
+                                     "--warmup-iters", "1", "--device", "cpu", "--rungs", "eager"))
+    eager = figures["rungs"]["eager"]
+    assert eager["status"] == "ok", eager
+    assert len(eager["losses"]) == 2 and all(loss > 0 for loss in eager["losses"])
+    assert eager["tokens_per_s_per_gpu"] > 0 and eager["tables"]["kernels"] == "eager"
