@@ -1,14 +1,33 @@
 #!/usr/bin/env bash
 # One GPU run: the training ladder of issue 36 (bench/train_ladder.py) on proxy-8l, one GPU,
-# gbs 8, seq 4096, 20 steps: eager, Triton at heuristic defaults, Triton with the tuned table, and,
-# when RECOMPUTE holds the planner's recompute plan for this GPU, the tuned table with that plan.
-# Writes the record and its log under $OUT.
-# Usage (GPU host): source .gpubundle/install.sh && [RECOMPUTE=...] bash bench/gpu/train_ladder.sh
+# gbs 8, seq 4096, 20 steps: eager, Triton at heuristic defaults, Triton with the tuned table, and
+# the tuned table with the planner's recompute plan for this GPU. The plan comes from this run:
+# proxy-8l's layers are profiled here (tuner profile layers, EP 1) and `tuner plan` picks the
+# recompute for one GPU (RECOMPUTE=... skips that and uses the given plan).
+# Writes the record, the plot, the plan and the logs under $OUT.
+# Usage (GPU host): source .gpubundle/install.sh && bash bench/gpu/train_ladder.sh
 set -uo pipefail
 out=${OUT:-/tmp/train-ladder}
 mkdir -p "$out"
+if [ -z "${RECOMPUTE:-}" ]; then
+  db="sqlite:///$out/ladder-profiles.db"
+  gpu=$(python3 -c "import torch; n = torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100' if 'H100' in n else n)")
+  python3 -m tuner.cli --db "$db" profile layers --model proxy-8l --seq 4096 --mbs 1 --ep 1 --kernels triton \
+    > "$out/proxy-8l-profile.log" 2>&1
+  python3 -m tuner.cli --db "$db" plan --model proxy-8l --nodes 1 --gpus-per-node 1 --gpu "$gpu" --gbs 8 --mbs 1 \
+    --seq 4096 --ep 1 --pp 1 --json > "$out/plan.json" 2> "$out/plan.err"
+  RECOMPUTE=$(python3 - "$out/plan.json" <<'PY'
+import json, sys
+from v4.recompute import RecomputePlan
+plan = json.load(open(sys.argv[1]))["plans"][0]
+print(RecomputePlan(frozenset(plan["recompute_layer_ids"])).text)
+PY
+  ) || RECOMPUTE=""
+  echo "planner's recompute plan for one $gpu: ${RECOMPUTE:-(no plan: see plan.err)}"
+  if [ "$RECOMPUTE" = none ]; then echo "the plan recomputes nothing: the fourth rung would repeat the third"; RECOMPUTE=""; fi
+fi
 rungs=${RUNGS:-eager,triton-defaults,triton-tuned${RECOMPUTE:+,triton-tuned-recompute}}
 python3 -m bench train_ladder --record "$out/train_ladder.json" --preset proxy-8l --gbs 8 --mbs 1 --seq 4096 \
-  --iters 20 --warmup-iters 3 --rungs "$rungs" ${RECOMPUTE:+--recompute "$RECOMPUTE"} --timeout "${RUNG_TIMEOUT:-240}" \
+  --iters 20 --warmup-iters 3 --rungs "$rungs" ${RECOMPUTE:+--recompute "$RECOMPUTE"} --timeout "${RUNG_TIMEOUT:-150}" \
   2>&1 | tee "$out/train_ladder.log"
 python3 -m bench.train_ladder --plot "$out/train_ladder.json" "$out/train_ladder.svg"
