@@ -24,12 +24,13 @@ FIELDS = ("benchmark", "claim", "device", "toolchain", "commit", "table_digest",
 
 
 def device_name() -> str:
-    """The GPU's name, or ``cpu: <model>`` where no GPU is visible."""
+    """The GPU's name (``2 x NVIDIA H200`` for two visible), or ``cpu: <model>`` where no GPU is visible."""
     try:
         import torch
 
         if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
+            count = torch.cuda.device_count()
+            return ("" if count == 1 else f"{count} x ") + torch.cuda.get_device_name(0)
     except ImportError:
         pass
     return f"cpu: {_cpu_model()}"
