@@ -671,7 +671,7 @@ def _default_config(shape: Shape) -> Config:
     2048 keys per program (one S = 8192 row, two S = 4096 rows) over 4 warps."""
     keys_pad = next_pow2(max(1, shape["seq"] // INDEX_RATIO))
     return {"BLOCK_S": 16, "BLOCK_H": 4, "BLOCK_T": min(128, max(16, keys_pad)), "KEY_TILES": 0, "LATE_HEAD_SUM": 0,
-            "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0, "SELECT_IN_SCORING": 0, "num_warps": 4,
+            "TMA": 0, "HEAD_SPLITS": 1, "GLUON": 0, "KEY_ROWS": 0, "SELECT_IN_SCORING": 0, "SELECT_INTERP": 0, "num_warps": 4,
             "num_stages": 2,
             "SELECT_ROWS": min(16, max(1, 2048 // keys_pad), next_pow2(shape["batch"] * shape["seq"])),
             "SELECT_WARPS": 4}

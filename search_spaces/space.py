@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from kernels.host_math import cdiv, next_pow2
 from search_spaces.arch_facts import arch_facts
@@ -53,14 +53,17 @@ class SearchSpace(BaseModel):
 
     @field_validator("knobs")
     @classmethod
-    def _known_knobs(cls, knobs: dict[str, dict[str, list[Any]]]) -> dict[str, dict[str, list[Any]]]:
+    def _known_knobs(cls, knobs: dict[str, dict[str, list[Any]]], info: ValidationInfo) -> dict[str, dict[str, list[Any]]]:
         """Backends and knob names ``kernels.launch`` passes on to Triton: any other would be a dimension
-        a sweep explores for nothing."""
-        from kernels.launch import ENVIRONMENT_KNOBS, LAUNCH_KNOBS  # torch and triton: only where spaces load
-
+        a sweep explores for nothing. Not checked for a stored sweep's space (``check_knobs=False``:
+        it was checked when the sweep was queued), which reads no torch or triton."""
         unknown = set(knobs) - set(BACKENDS)
         if unknown:
             raise ValueError(f"unknown backends {sorted(unknown)}; use {list(BACKENDS)}")
+        if info.context and not info.context.get("check_knobs", True):
+            return knobs
+        from kernels.launch import ENVIRONMENT_KNOBS, LAUNCH_KNOBS  # torch and triton: only where spaces load
+
         for backend, named in knobs.items():
             known = {*LAUNCH_KNOBS.get(backend, ()), *ENVIRONMENT_KNOBS.get(backend, {})}
             if set(named) - known:
@@ -127,6 +130,11 @@ class SearchSpace(BaseModel):
         for name, choices in overrides.items():
             if not isinstance(choices, list) or not choices:
                 raise SpaceError(f"override of {name!r} must be a non-empty list of choices")
+            defaults = params.get(name) or [v for k in knobs.values() for v in k.get(name, ())]
+            for value in choices:
+                problem = _choice_problem(value, defaults)
+                if problem:
+                    raise SpaceError(f"{name}: {value!r} {problem}")
             if name in params:
                 params[name] = choices
                 continue
@@ -139,20 +147,44 @@ class SearchSpace(BaseModel):
         return self.model_copy(update={"params": params, "knobs": knobs})
 
 
+def _choice_problem(value: Any, defaults: list[Any]) -> str | None:
+    """Why ``value`` cannot stand among a tunable whose default choices are ``defaults``, or None: it must
+    be a scalar of a kind the defaults take, null only where they have null, and zero or negative only
+    where they have such a number."""
+    if value is None:
+        return None if None in defaults else "is null; this tunable takes no null"
+    if not isinstance(value, (bool, int, float, str)):
+        return "is not a number or string"
+    kinds = {_kind(v) for v in defaults if v is not None}
+    if kinds and _kind(value) not in kinds:
+        return f"is a {_kind(value)}; this tunable takes {' or '.join(sorted(kinds))} values"
+    numbers = [v for v in defaults if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if _kind(value) == "number" and value <= 0 and not any(v <= 0 for v in numbers):
+        return "must be positive"
+    if _kind(value) == "number" and abs(value) > 2**63 - 1:
+        return "is beyond 64 bits"
+    return None
+
+
+def _kind(value: Any) -> str:
+    return "bool" if isinstance(value, bool) else "number" if isinstance(value, (int, float)) else "string"
+
+
 def space_dirs() -> list[Path]:
     """Folders searched for ``<kernel>.yaml``: ``TUNER_SPACES_PATH`` entries, then this package."""
     extra = [Path(p) for p in os.environ.get("TUNER_SPACES_PATH", "").split(os.pathsep) if p]
     return [*extra, SPACES_DIR]
 
 
-def load_space(kernel: str) -> SearchSpace:
-    """The default search space of ``kernel``: the first ``<kernel>.yaml`` in ``space_dirs()``."""
+def load_space(kernel: str, check_knobs: bool = True) -> SearchSpace:
+    """The default search space of ``kernel``: the first ``<kernel>.yaml`` in ``space_dirs()``; its knobs
+    checked against ``kernels.launch`` unless ``check_knobs`` is False (see ``_known_knobs``)."""
     candidates = [d / f"{kernel}.yaml" for d in space_dirs()]
     path = next((c for c in candidates if c.exists()), None)
     if path is None:
         raise SpaceError(f"no search space for kernel {kernel!r} (looked for {[str(c) for c in candidates]})")
     try:
         data = yaml.safe_load(path.read_text())
-        return SearchSpace.model_validate(data)
+        return SearchSpace.model_validate(data, context={"check_knobs": check_knobs})
     except (yaml.YAMLError, ValueError) as exc:
         raise SpaceError(f"{path}: {exc}") from None

@@ -1,9 +1,13 @@
-"""Test set-up: the CPU interpreter when there is no GPU, the fault-probe kernel, a fresh DB, a local Ray."""
+"""Test set-up: the CPU interpreter when there is no GPU, the fault-probe kernel, empty user data and tables
+folders, a fresh DB, a local Ray."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,14 @@ except ImportError:  # pragma: no cover
 if not _has_gpu:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ["TUNER_KERNEL_MODULES"] = "tests.fault_probe"
+# Whatever the user's data folder holds (an exported table, a database) stays out of the tests: the user
+# tables folder and the data dir (the default database) are empty folders of this run; a test that
+# needs a table writes its own.
+_USER_DATA = tempfile.mkdtemp(prefix="tuner-tests-")
+atexit.register(shutil.rmtree, _USER_DATA, ignore_errors=True)
+os.environ["XDG_DATA_HOME"] = _USER_DATA
+os.environ["TUNER_TABLES_DIR"] = os.path.join(_USER_DATA, "tables")
+os.environ.pop("TUNER_DB_URL", None)
 os.environ["TUNER_SPACES_PATH"] = str(ROOT / "tests" / "spaces")
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 sys.path.insert(0, str(ROOT))

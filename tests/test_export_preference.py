@@ -9,7 +9,7 @@ import json
 import pytest
 
 from db import Sweep, Trial, open_database, session_scope
-from tuner.sweep.export import NothingToExport, best_trials, export_table
+from tuner.sweep.export import ExportError, NothingToExport, best_trials, export_table
 
 SHAPE = "n=100"
 
@@ -107,7 +107,7 @@ def test_merge_keeps_the_old_entries_the_database_cannot_replace(tmp_path):
 def test_without_merge_the_old_table_is_replaced(tmp_path):
     engine = _database(tmp_path, newer_winner_ms=1.5)
     _previous_table(tmp_path / "out", {"c": {"n=1": {"config": {"BLOCK": 2}}}})
-    table = json.loads(export_table(engine, "sm_90", tmp_path / "out")[0].read_text())
+    table = json.loads(export_table(engine, "sm_90", tmp_path / "out", merge=False)[0].read_text())
     assert set(table["entries"]) == {"a", "b"} and "kept_from" not in table["provenance"]
 
 
@@ -116,7 +116,7 @@ def test_merge_refuses_a_table_of_another_arch_and_writes_nothing(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "sm_90.json").write_text(json.dumps({"schema_version": 1, "arch": "gfx942", "entries": {}}))
-    with pytest.raises(NothingToExport, match="not a schema-1 table of arch 'sm_90'"):
+    with pytest.raises(ExportError, match="arch is 'gfx942', not 'sm_90'"):
         export_table(engine, "sm_90", out, merge=True)
     assert json.loads((out / "sm_90.json").read_text())["arch"] == "gfx942"
 
@@ -154,3 +154,36 @@ def test_merge_says_nothing_of_a_kept_entry_within_timing_noise(tmp_path):
     path, slower = export_table(engine, "sm_90", out, merge=True)
     assert json.loads(path.read_text())["entries"]["b"][SHAPE]["config"] == {"BLOCK": 32}
     assert not [line for line in slower if "merged table" in line]
+
+
+def test_quickstart_export_twice_over_a_copy_of_the_shipped_table_keeps_every_kernel(tmp_path):
+    """Quickstart's export path (``export_table`` with its defaults) run twice into a folder holding a
+    copy of the shipped sm_90 table: the 24 kernels stay, and the database's winners replace only the
+    entries of their own (kernel, shape)."""
+    from kernels.tuning import SHIPPED_TABLES, read_table
+
+    shipped = read_table(SHIPPED_TABLES / "sm_90.json")
+    out = tmp_path / "tables"
+    out.mkdir()
+    (out / "sm_90.json").write_bytes((SHIPPED_TABLES / "sm_90.json").read_bytes())
+    engine = open_database(f"sqlite:///{tmp_path}/t.db")
+    tuned = {("rmsnorm_fwd", "tokens=4096,hidden=4096"), ("sinkhorn_bwd", "tokens=4096"), ("sinkhorn_fwd", "tokens=7")}
+    with session_scope(engine) as session:
+        sweep = Sweep(kernel="rmsnorm_fwd", arch="sm_90", spec={}, status="done")
+        session.add(sweep)
+        session.flush()
+        for kernel, shape in sorted(tuned):
+            session.add(Trial(sweep_id=sweep.id, kernel=kernel, shape_key=shape, arch="sm_90",
+                              config={"num_warps": 16}, identity=f"{kernel}{shape}", status="ok", median_ms=0.001,
+                              retime_ms=0.001, is_winner=True, metrics={}, versions={}))
+    for _ in range(2):
+        path, _ = export_table(engine, "sm_90", out)
+        table = read_table(path, "sm_90")
+        assert len(table["entries"]) == len(shipped["entries"]) == 24
+        for kernel, shapes in shipped["entries"].items():
+            for key, entry in shapes.items():
+                expected = {"num_warps": 16} if (kernel, key) in tuned else entry["config"]
+                assert table["entries"][kernel][key]["config"] == expected
+        assert table["entries"]["sinkhorn_fwd"]["tokens=7"]["config"] == {"num_warps": 16}  # a new shape joins
+        assert sum(map(len, table["entries"].values())) == sum(map(len, shipped["entries"].values())) + 1
+    assert read_table(SHIPPED_TABLES / "sm_90.json") == shipped  # the package's own table is untouched

@@ -1,17 +1,24 @@
-"""Rich rendering for the CLI: progress bars for running sweeps, tables for sweeps and tuned tables."""
+"""Rich rendering for the CLI: progress bars for running sweeps, tables for sweeps and tuned tables.
+
+Imported by the CLI's entry, so it imports rich only; the database's and the sweeps' modules are
+imported by the functions that render their rows.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-from db import Sweep, Trial
-from tuner.sweep.ranking import CallTime, entry_time, screening_time
-from tuner.sweep.runner import ProgressFn
+if TYPE_CHECKING:
+    from db import Sweep, Trial
+    from tuner.sweep.ranking import CallTime
+    from tuner.sweep.runner import ProgressFn
 
 console = Console()
 err_console = Console(stderr=True)
@@ -35,14 +42,20 @@ def progress_callback(progress: Progress, sweep_id: int, kernel: str) -> Progres
     return update
 
 
-def sweeps_table(sweeps: list[Sweep], counts: dict[int, Counter]) -> Table:
+def sweeps_table(sweeps: list[Any], counts: dict[int, Counter]) -> Table:
+    """One row per sweep (rows with id, kernel, arch, status, created_at and owner), readable at 80 columns."""
     table = Table("id", "kernel", "arch", "status", "trials", "created", "owner")
     for s in sweeps:
         c = counts.get(s.id, Counter())
         summary = ", ".join(f"{k} {v}" for k, v in sorted(c.items())) or "-"
         table.add_row(str(s.id), s.kernel, s.arch, s.status, summary,
-                      s.created_at.strftime("%Y-%m-%d %H:%M:%S"), s.owner or "-")
+                      s.created_at.strftime("%Y-%m-%d %H:%M"), _owner(s.owner))
     return table
+
+
+def _owner(owner: str | None) -> str:
+    """``host pid``: a claim's owner (``host:pid:suffix``) without its random suffix, in words that wrap."""
+    return " ".join(owner.split(":")[:2]) if owner else "-"
 
 
 def edges(best: dict[str, Any], measured: list[dict[str, Any]]) -> list[str]:
@@ -64,19 +77,27 @@ def edges(best: dict[str, Any], measured: list[dict[str, Any]]) -> list[str]:
 
 def status_table(sweep: Sweep, trials: list[Trial], budgets: dict[str, int]) -> Table:
     """Per shape: trial counts, the best so far, and the tunables where it took an extreme of those measured."""
-    table = Table("shape", "ok", "failed", "pruned", "remaining", "best ms", "its host ms", "best config",
-                  "best at an edge", title=f"sweep {sweep.id}: {sweep.kernel} on {sweep.arch} ({sweep.status})")
+    from tuner.sweep.ranking import screening_time
+
+    table = Table("shape", "trials", "best ms", "its host ms", "best config", "best at an edge",
+                  title=f"sweep {sweep.id}: {sweep.kernel} on {sweep.arch} ({sweep.status})")
     for key, budget in budgets.items():
         rows = [t for t in trials if t.shape_key == key]
         ok = [t for t in rows if t.status == "ok"]
         pruned = sum(t.status == "pruned" for t in rows)
         failed = len(rows) - len(ok) - pruned
         best = min(ok, key=lambda t: t.median_ms, default=None)
-        table.add_row(key, str(len(ok)), str(failed), str(pruned), str(max(budget - len(ok) - failed, 0)),
+        counts = f"{len(ok)} ok, {failed} failed, {pruned} pruned, {max(budget - len(ok) - failed, 0)} left"
+        table.add_row(shape_words(key), counts,
                       f"{best.median_ms:.4f}" if best else "-", _host_cell(screening_time(best)) if best else "-",
                       compact(best.config) if best else "-",
                       (" ".join(edges(best.config, [t.config for t in ok])) or "-") if best else "-")
     return table
+
+
+def shape_words(key: str) -> str:
+    """``tokens=4096 hidden=4096``: a shape key in words a narrow column wraps between."""
+    return key.replace(",", " ")
 
 
 def _host_cell(time: CallTime | None) -> str:
@@ -91,12 +112,41 @@ def compact(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items() if v is not None)
 
 
-def tuned_table(table: dict[str, Any]) -> Table:
-    prov = table["provenance"]
-    out = Table("kernel", "shape", "config", "median ms", "host ms", "GB/s", "sweep",
-                title=f"{table['arch']}: {', '.join(prov['devices']) or '?'} (exported {prov['exported_at']})")
-    for kernel, entries in sorted(table["entries"].items()):
-        for shape, e in sorted(entries.items()):
-            out.add_row(kernel, shape, compact(e["config"]), f"{e['median_ms']:.4f}", _host_cell(entry_time(e)),
-                        f"{e['gbps']:.0f}" if e.get("gbps") else "-", str(e["sweep_id"]))
-    return out
+def tuned_table(table: dict[str, Any], layered: dict[str, dict[str, tuple[str, Any]]],
+                layers: Sequence[Any] = ()) -> Group:
+    """A tuned table, one small table per kernel (readable at 80 columns); with ``layered``
+    (``kernels.tuning.merged_entries``) the entries the kernels read and the layer (``user`` or
+    ``shipped``) each comes from, else ``table``'s own entries."""
+    prov = table.get("provenance") or {}
+    devices = ", ".join(map(str, prov.get("devices") or [])) or "?"
+    heading = [Text(f"{table.get('arch')}: {devices} (exported {prov.get('exported_at', '?')})", style="bold")]
+    heading += [Text(f"{layer.layer} table: {layer.path}") for layer in layers]
+    entries = layered or {kernel: {key: ("", e) for key, e in shapes.items()}
+                          for kernel, shapes in table["entries"].items()}
+    parts = []
+    for kernel, shapes in sorted(entries.items()):
+        out = Table("shape", "config", "time", "from" if layered else "sweep", title=kernel, title_justify="left")
+        for shape, (layer, e) in sorted(shapes.items()):
+            out.add_row(*_entry_cells(shape, layer, e))
+        parts.append(out)
+    return Group(*heading, *parts)
+
+
+def _entry_cells(shape: str, layer: str, e: Any) -> tuple[str, ...]:
+    """One entry's cells; what a hand-edited or corrupt entry lacks shows as ``-`` (the run-time lookup
+    skips such entries with a warning)."""
+    if not isinstance(e, dict) or not isinstance(e.get("config"), dict):
+        return shape_words(shape), "(not an entry: no config object)", "-", layer or "-"
+    device = e.get("retime_ms") if _number(e.get("retime_ms")) else e.get("median_ms")
+    host = e.get("host_ms")
+    time = [f"{device:.4f} ms" if _number(device) else "-"]
+    if _number(host):
+        time.append(f"host {host:.4f}" + (" host-bound" if _number(device) and host > device else ""))
+    if _number(e.get("gbps")):
+        time.append(f"{e['gbps']:.0f} GB/s")
+    sweep = f"#{e['sweep_id']}" if isinstance(e.get("sweep_id"), int) else ""
+    return shape_words(shape), compact(e["config"]), "\n".join(time), f"{layer} {sweep}".strip() or "-"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

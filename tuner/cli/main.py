@@ -1,48 +1,50 @@
-"""The ``tuner`` command line: queue and run sweeps, serve the queue, export and show tables."""
+"""The ``tuner`` command line: queue and run sweeps, serve the queue, export and show tables.
+
+The entry imports typer and rich only: each command imports what it needs (the database, Ray,
+Optuna, torch and the kernels) when it runs, so that ``tuner --help`` and the listing commands
+answer at once. tests/test_cli_imports.py keeps it so.
+"""
 
 from __future__ import annotations
 
-import json
 import sys
-from collections import Counter
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from sqlalchemy import Engine, func, select
 
-from db import DatabaseError, Sweep, Trial, default_url, open_database, session_scope
-from kernels import registry
-from kernels.tuning import PACKAGED_TABLES, table_path
-from search_spaces import SpaceError, UnknownArchError
 from tuner.cli import display
-from tuner.sweep import queue
-from tuner.cli.errors import reporting
-from tuner.sweep.export import NothingToExport, export_table, host_bound_entries
+from tuner.cli.errors import open_engine, reporting
 from tuner.cli.plan import plan_app
+from tuner.cli.profile import profile_app
 from tuner.cli import plan_validate as plan_validate_cli  # noqa: F401 - adds ``tuner plan validate`` to plan_app
-from tuner.sweep.quickstart import quickstart_specs
-from tuner.sweep.ranking import DEFAULT_RANK
 from tuner.cli.replay import replay
-from tuner.sweep.serve import owner_name, run_sweep, serve as serve_loop
-from tuner.sweep.spec import SpecError, SweepSpec, load_spec
 from tuner.cli.train import register as register_training
-from tuner.train.serve import training_turn
-from workers.pool import PoolError, WorkerPool
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from workers.pool import WorkerPool
+
+app = typer.Typer(help=__doc__.split("\n\n")[0], no_args_is_help=True, pretty_exceptions_enable=False,
+                  add_completion=False)
 sweep_app = typer.Typer(help="Queue, run, list, inspect and cancel sweeps.", no_args_is_help=True)
-tables_app = typer.Typer(help="Inspect exported tuned tables.", no_args_is_help=True)
+tables_app = typer.Typer(help="Inspect the tuned tables (yours over the shipped ones) and reset yours.",
+                         no_args_is_help=True)
 app.add_typer(sweep_app, name="sweep")
 app.add_typer(tables_app, name="tables")
 app.add_typer(plan_app, name="plan")
-register_training(app)  # tuner train ..., tuner profile layers
+register_training(app)  # tuner train ...
+app.add_typer(profile_app, name="profile")
 app.command()(replay)
 
-USER_ERRORS = (SpecError, SpaceError, UnknownArchError, DatabaseError, queue.SweepNotFound,
-               NothingToExport, PoolError, FileNotFoundError)
+ID_MAX = 2**63 - 1  # database ids are 64-bit
 
 
+# What the sweep and table commands report in words.
+USER_ERRORS = ("tuner.sweep.spec:SpecError", "search_spaces.space:SpaceError", "search_spaces.arch_facts:UnknownArchError",
+               "tuner.sweep.queue:SweepNotFound", "tuner.sweep.export:ExportError", "kernels.tuning:TableError",
+               "workers.pool:PoolError")
 user_errors = reporting(USER_ERRORS)
 
 
@@ -50,31 +52,44 @@ class State:
     """The database of the command being run. Engines are kept per URL, so that commands run one after
     another in one process (tests, scripts calling the app) each reach their own ``--db``."""
 
-    db_url: str = ""
+    db: str | None = None  # --db as given; None: TUNER_DB_URL or the default
 
     def __init__(self) -> None:
         self._engines: dict[str, Engine] = {}
 
     @property
+    def db_url(self) -> str:
+        from db.engine import default_url  # imports Alembic: not for --help
+
+        return self.db or default_url()
+
+    @property
     def engine(self) -> Engine:
-        if self.db_url not in self._engines:
-            self._engines[self.db_url] = open_database(self.db_url)
-        return self._engines[self.db_url]
+        url = self.db_url
+        if url not in self._engines:
+            self._engines[url] = open_engine(url)
+        return self._engines[url]
 
 
 state = State()
 RayAddress = Annotated[Optional[str], typer.Option("--ray-address", envvar="RAY_ADDRESS",
                                                    help="join this Ray cluster (default: start a local one)")]
 CpuWorkers = Annotated[int, typer.Option(help="device workers on a cluster without GPUs (interpreter)", min=1)]
+SweepId = Annotated[int, typer.Argument(min=1, max=ID_MAX, help="a sweep's id (tuner sweep list)")]
+TablesOut = Annotated[Optional[Path], typer.Option(
+    help="folder for the table (default: TUNER_TABLES_DIR, else the user data dir's tables)")]
 
 
 @app.callback()
 def main(db: Annotated[Optional[str], typer.Option("--db", envvar="TUNER_DB_URL",
                                                    help="SQLAlchemy URL (default: SQLite in the user data dir)")] = None) -> None:
-    state.db_url = db or default_url()
+    state.db = db
 
 
 def _run_with_pool(pool: WorkerPool, sweep_ids: list[int], owner: str) -> None:
+    from tuner.sweep import queue
+    from tuner.sweep.serve import run_sweep
+
     with display.sweep_progress() as progress:
         for sweep_id in sweep_ids:
             if not queue.try_claim(state.engine, sweep_id, owner):
@@ -90,6 +105,9 @@ def _run_with_pool(pool: WorkerPool, sweep_ids: list[int], owner: str) -> None:
 @user_errors
 def sweep_queue(specs: list[Path] = typer.Argument(..., metavar="SPEC...")) -> None:
     """Validate every SPEC, then store each as a queued sweep (none if any is bad); prints their ids."""
+    from tuner.sweep import queue
+    from tuner.sweep.spec import load_spec
+
     parsed = [load_spec(spec) for spec in specs]
     for spec in parsed:
         typer.echo(queue.enqueue(state.engine, spec))
@@ -99,6 +117,11 @@ def sweep_queue(specs: list[Path] = typer.Argument(..., metavar="SPEC...")) -> N
 @user_errors
 def sweep_run(spec: Path, ray_address: RayAddress = None, cpu_workers: CpuWorkers = 1) -> None:
     """Queue SPEC and run it right here, with a progress bar."""
+    from tuner.sweep import queue
+    from tuner.sweep.serve import owner_name
+    from tuner.sweep.spec import load_spec
+    from workers.pool import WorkerPool
+
     parsed = load_spec(spec)
     engine = state.engine
     pool = WorkerPool.start(ray_address, cpu_workers=cpu_workers)
@@ -114,8 +137,15 @@ def sweep_run(spec: Path, ray_address: RayAddress = None, cpu_workers: CpuWorker
 @user_errors
 def sweep_list() -> None:
     """All sweeps with their status and trial counts."""
-    with session_scope(state.engine) as session:
-        sweeps = session.scalars(select(Sweep).order_by(Sweep.id)).all()
+    from collections import Counter
+
+    from sqlalchemy import func, select
+
+    from db import Sweep, Trial, session_scope
+
+    columns = (Sweep.id, Sweep.kernel, Sweep.arch, Sweep.status, Sweep.created_at, Sweep.owner)
+    with session_scope(state.engine) as session:  # the spec column is not read: a corrupt one stays listable
+        sweeps = session.execute(select(*columns).order_by(Sweep.id)).all()
         counts: dict[int, Counter] = {}
         for sweep_id, status, n in session.execute(
             select(Trial.sweep_id, Trial.status, func.count()).group_by(Trial.sweep_id, Trial.status)
@@ -126,34 +156,47 @@ def sweep_list() -> None:
 
 @sweep_app.command("status")
 @user_errors
-def sweep_status(sweep_id: int) -> None:
+def sweep_status(sweep_id: SweepId) -> None:
     """Trials done, failed and remaining per shape, and the best so far."""
+    from sqlalchemy import select
+
+    from db import Trial, session_scope
+    from tuner.sweep import queue
+    from tuner.sweep.spec import stored_spec
+
     sweep = queue.get_sweep(state.engine, sweep_id)
-    spec = SweepSpec.model_validate(sweep.spec)
-    kernel_shapes = spec.resolved_shapes()
-    kernel = registry.get(spec.kernel)
+    spec = stored_spec(sweep.spec, sweep_id)
     arch = sweep.arch if sweep.arch != "auto" else "interp"
     with session_scope(state.engine) as session:
         trials = list(session.scalars(select(Trial).where(Trial.sweep_id == sweep_id)).all())
-    budgets = {kernel.shape_key(s): spec.trial_budget(arch) for s in kernel_shapes}
-    display.console.print(display.status_table(sweep, trials, budgets))
+    budget = spec.trial_budget(arch)
+    display.console.print(display.status_table(sweep, trials, {key: budget for key in spec.shape_keys()}))
 
 
 @sweep_app.command("cancel")
 @user_errors
-def sweep_cancel(sweep_id: int) -> None:
+def sweep_cancel(sweep_id: SweepId) -> None:
     """Cancel a queued or running sweep (a running one stops at its next heartbeat)."""
+    from tuner.sweep import queue
+
     typer.echo(f"sweep {sweep_id}: {queue.cancel(state.engine, sweep_id)}")
 
 
 @app.command()
 @user_errors
 def serve(ray_address: RayAddress = None, drain: bool = typer.Option(False, help="stop when the queue is empty"),
-          lease_seconds: float = typer.Option(queue.DEFAULT_LEASE_S, help="take over sweeps silent this long"),
-          poll_seconds: float = typer.Option(5.0, help="queue poll interval when idle"),
+          lease_seconds: Optional[float] = typer.Option(
+              None, help="take over sweeps silent this long (default: the queue's lease)", min=0.001),
+          poll_seconds: float = typer.Option(5.0, help="queue poll interval when idle", min=0.001),
           cpu_workers: CpuWorkers = 1) -> None:
     """Claim queued sweeps, and queued training runs when no sweep waits, and run them on the Ray cluster."""
+    from tuner.sweep import queue
+    from tuner.sweep.serve import serve as serve_loop
+    from tuner.train.serve import training_turn
+    from workers.pool import WorkerPool
+
     engine = state.engine
+    lease_seconds = lease_seconds or queue.DEFAULT_LEASE_S
     pool = WorkerPool.start(ray_address, cpu_workers=cpu_workers)
     display.console.print(f"serving with {len(pool.workers)} {pool.arch} worker(s); database {engine.url!r}")
     try:
@@ -169,62 +212,105 @@ def serve(ray_address: RayAddress = None, drain: bool = typer.Option(False, help
     display.console.print(f"queue drained after {ran} job(s)")
 
 
+def _export(arch: str, out: Optional[Path], **options: Any) -> Path:
+    """Export ``arch``'s table (see ``tuner.sweep.export``), print where, warn of slower and host-bound entries."""
+    from kernels.tuning import read_table
+    from tuner.sweep.export import export_table, host_bound_entries
+
+    path, slower = export_table(state.engine, arch, out, **options)
+    typer.echo(f"wrote {path}")
+    for line in slower:
+        typer.echo(f"warning: {line} (--fastest KERNEL takes the faster one)", err=True)
+    for line in host_bound_entries(read_table(path)):
+        typer.echo(f"warning: {line}", err=True)
+    return path
+
+
 @app.command()
 @user_errors
 def export(arch: Annotated[str, typer.Option(help="arch to export, e.g. sm_90")],
-           out: Annotated[Optional[Path], typer.Option(help="folder (default: kernels/tables)")] = None,
+           out: TablesOut = None,
            skip_kernel: Annotated[Optional[list[str]], typer.Option(
                help="leave this kernel out of the table (repeatable), e.g. until it is re-swept")] = None,
            fastest: Annotated[Optional[list[str]], typer.Option(
                help="for this kernel (repeatable; 'all': every kernel) take the fastest winner of any sweep, "
                     "not the newest sweep's: for kernels unchanged since the older sweep")] = None,
            merge: Annotated[bool, typer.Option(
-               help="keep the existing table's entries for (kernel, shape) pairs the database has no trial for, "
-                    "and its faster entries of the kernels given to --fastest")] = False,
+               help="keep the entries of the table already there for (kernel, shape) pairs the database has "
+                    "no trial for, and its faster entries of the kernels given to --fastest; --no-merge writes "
+                    "only this database's winners")] = True,
            rank: Annotated[str, typer.Option(
                help="device: compare configs by device time; eager: by the longer of device and host time a "
-                    "call (back-to-back eager calls), within 10% by device time")] = DEFAULT_RANK,
+                    "call (back-to-back eager calls), within 10% by device time")] = "device",  # ranking.DEFAULT_RANK
            ) -> None:
-    """Write the tuned table of ARCH from the database; warn where an older sweep's winner was faster,
-    and where an entry's eager calls wait on the host."""
-    path, slower = export_table(state.engine, arch, out, skip_kernel or (), fastest or (), merge, rank)
-    typer.echo(f"wrote {path}")
-    for line in slower:
-        typer.echo(f"warning: {line} (--fastest KERNEL takes the faster one)", err=True)
-    for line in host_bound_entries(json.loads(path.read_text())):
-        typer.echo(f"warning: {line}", err=True)
+    """Write the tuned table of ARCH from the database into your tables folder; warn where an older
+    sweep's winner was faster, and where an entry's eager calls wait on the host."""
+    _export(arch, out, skip=skip_kernel or (), fastest=fastest or (), merge=merge, rank=rank)
 
 
 @tables_app.command("show")
 @user_errors
 def tables_show(arch: Annotated[Optional[str], typer.Option(help="only this arch")] = None,
-                directory: Annotated[Optional[Path], typer.Option("--dir", help="folder of tables")] = None) -> None:
-    """Print exported tables."""
-    folder = directory or PACKAGED_TABLES
-    paths = [table_path(arch, folder)] if arch else sorted(folder.glob("*.json"))
-    if not paths or not all(p.exists() for p in paths):
-        raise FileNotFoundError(f"no tuned table {'for ' + arch if arch else ''} in {folder}")
-    for path in paths:
-        display.console.print(display.tuned_table(json.loads(path.read_text())))
+                directory: Annotated[Optional[Path], typer.Option(
+                    "--dir", help="show the tables of this folder alone, not the layers the kernels read")] = None) -> None:
+    """Print the tuned tables the kernels read: your entries over the shipped ones, each marked with its layer."""
+    from kernels import tuning
+
+    if directory is not None:
+        paths = [tuning.table_path(arch, directory)] if arch else sorted(directory.glob("*.json"))
+        if not paths or not all(p.exists() for p in paths):
+            raise tuning.TableError(f"{directory}: no tuned table{' of ' + arch if arch else ''}")
+        for path in paths:
+            display.console.print(display.tuned_table(tuning.read_table(path), {}))
+        return
+    folders = (tuning.SHIPPED_TABLES, tuning.user_tables_dir())
+    archs = [arch] if arch else sorted({p.stem for folder in folders for p in folder.glob("*.json")})
+    shown = 0
+    for name in archs:
+        layers = tuning.table_layers(name, warn=False)
+        if layers:
+            display.console.print(display.tuned_table(layers[-1].table, tuning.merged_entries(layers), layers))
+            shown += 1
+    if not shown:
+        raise tuning.TableError(f"no tuned table{' of ' + arch if arch else ''} in {folders[0]} or {folders[1]}")
+
+
+@tables_app.command("reset")
+@user_errors
+def tables_reset(arch: Annotated[Optional[str], typer.Option(help="only this arch (default: every arch)")] = None) -> None:
+    """Drop your exported tables (all, or ARCH's), so that the kernels read the shipped tables again."""
+    from kernels import tuning
+
+    folder = tuning.user_tables_dir()
+    paths = [tuning.table_path(arch, folder)] if arch else sorted(folder.glob("*.json"))
+    removed = [path for path in paths if path.is_file()]
+    for path in removed:
+        path.unlink()
+    typer.echo(f"removed {', '.join(map(str, removed))}" if removed else f"no table of yours to reset in {folder}")
 
 
 @app.command()
 @user_errors
-def quickstart(ray_address: RayAddress = None,
-               out: Annotated[Optional[Path], typer.Option(help="folder for the table")] = None) -> None:
+def quickstart(ray_address: RayAddress = None, out: TablesOut = None) -> None:
     """Tune the project's kernels here (GPUs if any, else the interpreter on small shapes), export, show."""
+    from kernels import tuning
+    from tuner.sweep import queue
+    from tuner.sweep.quickstart import quickstart_specs
+    from tuner.sweep.serve import owner_name
+    from workers.pool import WorkerPool
+
+    engine = state.engine
     pool = WorkerPool.start(ray_address)
     try:
         specs = quickstart_specs(on_gpu=pool.compile_ahead)
-        ids = [queue.enqueue(state.engine, spec) for spec in specs]
+        ids = [queue.enqueue(engine, spec) for spec in specs]
         display.console.print(f"queued sweeps {ids} on {len(pool.workers)} {pool.arch} worker(s)")
         _run_with_pool(pool, ids, owner_name())
         arch = pool.arch
     finally:
         pool.shutdown()
-    path, _ = export_table(state.engine, arch, out)
-    display.console.print(f"wrote {path}")
-    display.console.print(display.tuned_table(json.loads(path.read_text())))
+    path = _export(arch, out)
+    display.console.print(display.tuned_table(tuning.read_table(path), {}))
 
 
 if __name__ == "__main__":

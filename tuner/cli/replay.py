@@ -1,23 +1,28 @@
-"""``tuner replay``: replay random and TPE sweeps against a finished grid sweep's measurements (no GPU)."""
+"""``tuner replay``: replay random and TPE sweeps against a finished grid sweep's measurements (no GPU).
+
+Optuna and the kernels are imported when the command runs; its defaults are ``tuner.sweep.replay``'s.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from db import DatabaseError, default_url, open_database
 from tuner.cli import display
-from tuner.cli.errors import fail
-from tuner.sweep.replay import (DEFAULT_FRACTIONS, DEFAULT_SEEDS, DEFAULT_STRATEGIES, HIT_TOLERANCE, ReplayError, ReplayRow,
-                          replay_sweep)
+from tuner.cli.errors import exit_2_on, open_engine
+
+if TYPE_CHECKING:
+    from tuner.sweep.replay import ReplayRow
 
 
 def _floats(text: str) -> list[float]:
+    from tuner.sweep.replay import ReplayError
+
     try:
         return [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -30,6 +35,8 @@ def _cell(value: float | None, fmt: str) -> str:
 
 def rows_table(sweep_id: int, rows: list[ReplayRow]) -> Table:
     """Gaps to the grid optimum in %; "random" is the exact expectation for as many uniform draws."""
+    from tuner.sweep.replay import HIT_TOLERANCE
+
     kernels = ", ".join(sorted({r.kernel for r in rows}))
     table = Table("shape", "strategy", "fraction", "evals", "optimum ms", "random %", "mean %", "worst %", "score",
                   f"<= {HIT_TOLERANCE:.0%}", title=f"replay of grid sweep {sweep_id} ({kernels}): gaps to the optimum; "
@@ -43,24 +50,33 @@ def rows_table(sweep_id: int, rows: list[ReplayRow]) -> Table:
 
 
 def replay(ctx: typer.Context,
-           sweep: Annotated[int, typer.Option("--sweep", help="id of a finished grid sweep")],
-           fractions: Annotated[str, typer.Option(help="budgets as fractions of the grid's evaluations")] =
-           ",".join(f"{f:g}" for f in DEFAULT_FRACTIONS),
-           seeds: Annotated[int, typer.Option(help="seeds 0..N-1 per strategy and fraction")] = DEFAULT_SEEDS,
-           strategies: Annotated[str, typer.Option(help="comma-separated: random, tpe")] = ",".join(DEFAULT_STRATEGIES),
+           sweep: Annotated[int, typer.Option("--sweep", help="id of a finished grid sweep", min=1, max=2**63 - 1)],
+           fractions: Annotated[Optional[str], typer.Option(
+               help="budgets as fractions of the grid's evaluations, comma-separated (default: 0.1,0.2,0.4)")] = None,
+           seeds: Annotated[Optional[int], typer.Option(
+               help="seeds 0..N-1 per strategy and fraction (default: 5)", max=10_000)] = None,
+           strategies: Annotated[Optional[str], typer.Option(
+               help="comma-separated: random, tpe (default: both)")] = None,
            json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the rows here")] = None) -> None:
     """Replay random and TPE against a finished grid sweep: how close they get with a fraction of its evaluations."""
-    db_url = ctx.find_root().params.get("db") or default_url()
-    try:
+    from db import default_url
+    from tuner.sweep import replay as replaying
+
+    with exit_2_on((replaying.ReplayError,)):
+        if json_out is not None and json_out.is_dir():
+            raise replaying.ReplayError(f"--json: {json_out} is a folder, not a file")
+        chosen = ([s.strip() for s in strategies.split(",") if s.strip()] if strategies is not None
+                  else list(replaying.DEFAULT_STRATEGIES))
+        engine = open_engine(ctx.find_root().params.get("db") or default_url())
         with Progress(TextColumn(f"[bold]replay of sweep {sweep}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=display.console, transient=True) as progress:
             task = progress.add_task("replay", total=None)
-            rows = replay_sweep(open_database(db_url), sweep, _floats(fractions), seeds,
-                                [s.strip() for s in strategies.split(",") if s.strip()],
-                                on_run=lambda done, total: progress.update(task, completed=done, total=total))
-    except (ReplayError, DatabaseError) as exc:
-        fail(str(exc))
+            rows = replaying.replay_sweep(
+                engine, sweep, _floats(fractions) if fractions is not None else list(replaying.DEFAULT_FRACTIONS),
+                seeds if seeds is not None else replaying.DEFAULT_SEEDS, chosen,
+                on_run=lambda done, total: progress.update(task, completed=done, total=total))
     display.console.print(rows_table(sweep, rows))
     if json_out is not None:
-        json_out.write_text(json.dumps({"sweep_id": sweep, "rows": [r.as_json() for r in rows]}, indent=1) + "\n")
+        with exit_2_on((OSError,)):
+            json_out.write_text(json.dumps({"sweep_id": sweep, "rows": [r.as_json() for r in rows]}, indent=1) + "\n")
         display.console.print(f"wrote {json_out}")

@@ -1,67 +1,69 @@
-"""``tuner train run|queue|list|show|cancel`` and ``tuner profile layers|alltoall``: measured V4 training runs, layer
-costs and the expert-parallel all-to-all.
+"""``tuner train run|queue|list|show|cancel``: measured V4 training runs (``tuner profile`` is in ``profile.py``).
 
 Registered on the main app by ``register(app)``; the database URL is the main app's ``--db``
-(or ``TUNER_DB_URL``), read from the root command's parameters.
+(or ``TUNER_DB_URL``), read from the root command's parameters. ``run`` and ``queue`` import the
+V4 model and Ray when they run; ``list``, ``show`` and ``cancel`` read the database only.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
-import ray
 import typer
-from sqlalchemy import Engine
 
-from db import DatabaseError, default_url, open_database
-from tuner.train import display as train_display
-from tuner.train import queue as train_queue
-from tuner.cli.errors import reporting
 from tuner.cli.display import console
-from tuner.plan import profiles
-from v4.layout import parse_layout
-from workers.alltoall_cost import alltoall_shape
-from tuner.train.profile_layers import ProfileError, profile_layers
-from kernels.provenance import kernel_tables, tables_key
-from tuner.sweep.serve import owner_name
-from tuner.train.serve import connect_ray, execute, resolve_device
+from tuner.cli.errors import open_engine, reporting
 from v4.config import PresetError, load_preset
-from v4.ops import KERNEL_CHOICES
-from workers.alltoall_runner import AlltoallRunError, run_alltoall
-from workers.device_info import describe_device, gpu_name_and_memory
+from v4.layout import LayoutError, parse_layout
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from db.training import TrainRun
+    from tuner.train.queue import TrainRequest
 
 train_app = typer.Typer(help="Run, queue and inspect measured V4 training runs.", no_args_is_help=True)
-profile_app = typer.Typer(help="Measure per-layer costs for the planner.", no_args_is_help=True)
+RunId = Annotated[int, typer.Argument(min=1, max=2**63 - 1, help="a training run's id (tuner train list)")]
 
-USER_ERRORS = (train_queue.TrainRequestError, train_queue.TrainRunNotFound, ProfileError, profiles.ProfileError,
-               PresetError, DatabaseError, AlltoallRunError)
+
+# What the training commands report in words.
+ERRORS = ("v4.config:PresetError", "tuner.sweep.queue:SweepNotFound", "tuner.train.queue:TrainRequestError",
+          "tuner.train.queue:TrainRunNotFound")
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``train`` and ``profile`` to the ``tuner`` command."""
+    """Add ``train`` to the ``tuner`` command."""
     app.add_typer(train_app, name="train")
-    app.add_typer(profile_app, name="profile")
 
 
-_user_errors = reporting(USER_ERRORS)
+_user_errors = reporting(ERRORS)
 
 
 def _engine(ctx: typer.Context) -> Engine:
-    return open_database(ctx.find_root().params.get("db") or default_url())
+    from db import default_url
+
+    return open_engine(ctx.find_root().params.get("db") or default_url())
 
 
 def _stages(model: str, layout: str) -> int:
-    """How many stages ``layout`` has (the default pp); 1 when it does not parse (RunConfig then says why)."""
+    """How many stages ``layout`` has (the default pp: one stage per rank); 1 when it does not parse (RunConfig
+    then says why). Only the stage count and the MTP layer's virtual stage depend on pp, so pp grows from 1
+    until they hold: at the latest at pp = the stage count (vpp 1), where every layout the parser accepts holds."""
     try:
         config = load_preset(model)
-        return len(parse_layout(layout, config.layers, 1, config.mtp_layers).stages)
     except ValueError:
         return 1
+    for pp in range(1, config.layers + config.mtp_layers + 3):  # a stage holds a layer, E or L
+        try:
+            return len(parse_layout(layout, config.layers, pp, config.mtp_layers).stages)
+        except LayoutError as exc:
+            if exc.rule not in ("stage-count", "mtp-stage"):
+                return 1
+    return 1
 
 
 Model = Annotated[str, typer.Option("--model", help="preset name (v4/presets) or a YAML file of ModelConfig fields")]
-Kernels = Annotated[str, typer.Option(help=f"one of {', '.join(KERNEL_CHOICES)}")]
+Kernels = Annotated[str, typer.Option(help="eager (torch ops) or triton (the project's kernels)")]
 Device = Annotated[str, typer.Option(help="auto (a GPU when the cluster has one), cpu or cuda")]
 
 
@@ -79,8 +81,10 @@ World = Annotated[int, typer.Option(help="ranks: data-parallel replicas × pp")]
 
 def _request(model: str, layout: Optional[str], pp: Optional[int], recompute: str, gbs: int, mbs: int, seq: int,
              iters: int, warmup_iters: int, lr: float, seed: int, kernels: str, dtype: str, device: str,
-             world: int) -> train_queue.TrainRequest:
+             world: int) -> TrainRequest:
     """The request of ``train run`` / ``train queue``; ``TrainRequestError`` names every bad field."""
+    from tuner.train import queue as train_queue
+
     fields = dict(preset=model, layout=layout, pp=pp or (_stages(model, layout) if layout else 1),
                   recompute=recompute, gbs=gbs, mbs=mbs, seq=seq, iters=iters, warmup_iters=warmup_iters, lr=lr,
                   seed=seed, kernels=kernels, dtype=dtype)
@@ -97,6 +101,12 @@ def train_run(ctx: typer.Context, model: Model, gbs: Gbs, seq: Seq, iters: Iters
                   "--ray-address", envvar="RAY_ADDRESS", help="join this Ray cluster (default: start a local one)")] = None,
               lease_seconds: Annotated[float, typer.Option(help="how long the run's lease lasts unrenewed")] = 60.0) -> None:
     """Run a training run now on the Ray cluster, store it, and print what it measured (exit 1 unless ok)."""
+    import ray
+
+    from tuner.sweep.serve import owner_name
+    from tuner.train import queue as train_queue
+    from tuner.train.serve import connect_ray, execute
+
     request = _request(model, layout, pp, recompute, gbs, mbs, seq, iters, warmup_iters, lr, seed, kernels, dtype,
                        device, world)
     engine = _engine(ctx)
@@ -123,6 +133,8 @@ def train_queue_command(ctx: typer.Context, model: Model, gbs: Gbs, seq: Seq, it
                         lr: float = 1e-3, seed: int = 0, kernels: Kernels = "eager", dtype: Dtype = "bfloat16",
                         device: Device = "auto", world: World = 1) -> None:
     """Store a training run as queued for ``tuner serve``; prints its id."""
+    from tuner.train import queue as train_queue
+
     request = _request(model, layout, pp, recompute, gbs, mbs, seq, iters, warmup_iters, lr, seed, kernels, dtype,
                        device, world)
     typer.echo(train_queue.enqueue(_engine(ctx), request))
@@ -132,11 +144,29 @@ def train_queue_command(ctx: typer.Context, model: Model, gbs: Gbs, seq: Seq, it
 @_user_errors
 def train_list(ctx: typer.Context) -> None:
     """All training runs with their status and headline figures."""
-    console.print(train_display.runs_table(train_queue.list_runs(_engine(ctx))))
+    from sqlalchemy import select
+
+    from db import session_scope
+    from db.training import TrainRun
+    from tuner.train import display as train_display
+
+    with session_scope(_engine(ctx)) as session:
+        runs = list(session.scalars(select(TrainRun).order_by(TrainRun.id)).all())
+    console.print(train_display.runs_table(runs))
+
+
+def _run(engine: Engine, run_id: int) -> TrainRun:
+    """The stored run (read without the training modules, which import the V4 model)."""
+    from db.training import TrainRun
+    from tuner.sweep import queue
+
+    return queue.get(engine, run_id, job=TrainRun)
 
 
 def _show(engine: Engine, run_id: int) -> None:
-    row = train_queue.get_run(engine, run_id)
+    from tuner.train import display as train_display
+
+    row = _run(engine, run_id)
     console.print(train_display.run_summary(row))
     if row.stage_memory:
         console.print(train_display.memory_table(row))
@@ -145,101 +175,16 @@ def _show(engine: Engine, run_id: int) -> None:
 
 @train_app.command("show")
 @_user_errors
-def train_show(ctx: typer.Context, run_id: int) -> None:
+def train_show(ctx: typer.Context, run_id: RunId) -> None:
     """One run: its figures, memory per pipeline rank and loss curve."""
     _show(_engine(ctx), run_id)
 
 
 @train_app.command("cancel")
 @_user_errors
-def train_cancel(ctx: typer.Context, run_id: int) -> None:
+def train_cancel(ctx: typer.Context, run_id: RunId) -> None:
     """Cancel a queued or running training run (a running one stops within seconds)."""
-    typer.echo(f"training run {run_id}: {train_queue.cancel(_engine(ctx), run_id)}")
+    from db.training import TrainRun
+    from tuner.sweep import queue
 
-
-@profile_app.command("layers")
-@_user_errors
-def profile_layers_command(
-    ctx: typer.Context, model: Model, seq: Seq, mbs: Mbs = 1,
-    ep: Annotated[int, typer.Option(help="expert-parallel ranks: each layer holds experts/ep experts")] = 1,
-    kernels: Kernels = "eager", device: Device = "auto",
-    warmup: Annotated[Optional[int], typer.Option(help="untimed rounds (default: 2 on GPU, 1 on CPU)")] = None,
-    reps: Annotated[Optional[int], typer.Option(help="timed rounds, median taken (default: 5 on GPU, 3 on CPU)")] = None,
-    trace: Annotated[Optional[Path], typer.Option(
-        help="also write each layer kind's profiler trace (KIND.json, Chrome format) and op table (KIND.txt) here")] = None,
-) -> None:
-    """Time each layer kind alone on one device and store the costs the planner reads."""
-    import torch
-
-    config = load_preset(model)
-    if kernels not in KERNEL_CHOICES:
-        raise ProfileError(f"kernels: must be one of {KERNEL_CHOICES}, got {kernels!r}")
-    if device not in ("auto", "cpu", "cuda"):
-        raise ProfileError(f"device: must be auto, cpu or cuda, got {device!r}")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    gpu = device == "cuda"
-    engine = _engine(ctx)
-    with console.status(f"profiling {config.name}") as status:
-        costs = profile_layers(config, seq, mbs, ep, kernels, device,
-                               warmup=warmup if warmup is not None else 2 if gpu else 1,
-                               reps=reps if reps is not None else 5 if gpu else 3,
-                               on_piece=lambda kind: status.update(f"profiling {config.name}: {kind}"),
-                               trace_dir=trace)
-    kind, memory = gpu_name_and_memory(device)
-    tables = tables_key(kernel_tables(kernels))
-    profiles.store_profiles(engine, costs, gpu_kind=kind, gpu_memory_bytes=memory, model=config.name, seq=seq, mbs=mbs,
-                            ep=ep, kernel_tables=tables, toolchain=describe_device()["versions"])
-    console.print(train_display.profile_table(costs, f"{config.name} on {kind}: seq {seq}, mbs {mbs}, ep {ep}, {tables}"))
-
-
-def _ranks_per_node(device: str) -> tuple[int, int]:
-    """(the most GPUs, or CPUs, one alive Ray node has; the cluster's total) for ``device``."""
-    resource = "GPU" if device == "cuda" else "CPU"
-    counts = [int(node["Resources"].get(resource, 0)) for node in ray.nodes() if node.get("Alive")]
-    return max(counts, default=0), sum(counts)
-
-
-@profile_app.command("alltoall")
-@_user_errors
-def profile_alltoall_command(
-    ctx: typer.Context, model: Model, seq: Seq,
-    ep: Annotated[int, typer.Option(help="expert-parallel ranks, all on one node (>= 2)")],
-    mbs: Mbs = 1, device: Device = "auto",
-    warmup: Annotated[int, typer.Option(help="untimed rounds")] = 5,
-    reps: Annotated[Optional[int], typer.Option(help="timed rounds, median taken (default: 100 on GPU, 20 on CPU)")] = None,
-    ray_address: Annotated[Optional[str], typer.Option(
-        "--ray-address", envvar="RAY_ADDRESS", help="join this Ray cluster (default: start a local one)")] = None,
-) -> None:
-    """Time one MoE layer's EP dispatch + combine on EP ranks of one node and store it for the planner."""
-    try:
-        config = load_preset(model)
-    except PresetError as exc:
-        raise ProfileError(f"model: {exc}") from None
-    shape = alltoall_shape(config, seq, mbs, ep)
-    if device not in ("auto", "cpu", "cuda"):
-        raise ProfileError(f"device: must be auto, cpu or cuda, got {device!r}")
-    if warmup < 0:
-        raise ProfileError(f"warmup: must be >= 0, got {warmup}")
-    if reps is not None and reps < 1:
-        raise ProfileError(f"reps: must be >= 1, got {reps}")
-    engine = _engine(ctx)
-    started = connect_ray(ray_address)
-    try:
-        device = resolve_device(device)
-        per_node, total = _ranks_per_node(device)
-        if ep > per_node:
-            unit = "GPUs" if device == "cuda" else "CPUs"
-            raise ProfileError(f"ep: {ep} ranks need {ep} {unit} on one node; the largest Ray node has {per_node} "
-                               f"({total} in the cluster): the all-to-all is measured inside one node")
-        with console.status(f"timing the all-to-all of {config.name} on {ep} {device} rank(s)"):
-            outcome = run_alltoall(shape, device, warmup, reps if reps is not None else 100 if device == "cuda" else 20)
-    finally:
-        if started:
-            ray.shutdown()
-    cost = outcome.cost
-    profiles.store_alltoall(engine, cost, gpu_kind=outcome.gpu_kind, model=config.name, seq=seq, mbs=mbs, ep=ep,
-                            rows_per_rank=shape.rows, hidden=shape.hidden, bytes_per_rank=shape.bytes_per_rank,
-                            toolchain=outcome.environment.get("versions", {}))
-    console.print(train_display.alltoall_table(
-        cost, f"{config.name} EP all-to-all on {ep} x {outcome.gpu_kind}: seq {seq}, mbs {mbs}"))
+    typer.echo(f"training run {run_id}: {queue.cancel(_engine(ctx), run_id, job=TrainRun)}")

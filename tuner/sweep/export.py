@@ -6,12 +6,17 @@ stale), else the fastest ``ok`` trial. A newer sweep can also be a smaller re-ru
 what an older one found; :func:`regressions` names every such entry, and ``fastest`` lists the
 kernels (or ``all``) whose entries take the fastest winner of any sweep instead, for kernels whose
 code has not changed since the older sweep. ``wrong`` configs can never be exported: only ``ok``
-rows are read. With ``merge``, the entries of the table already at the output path are kept
-for every (kernel, shape) the database has no trial for (a sweep database lost or kept
-elsewhere, a re-sweep of some kernels only); the provenance then says which entries were kept
-and from which export. Where that table's entry is faster than the database's, the export
-names it, and keeps it for the kernels in ``fastest``. The file is written to a temporary name and renamed, so a reader never
-sees half a table.
+rows are read.
+
+Tables go to the user's tables folder (``kernels.tuning.user_tables_dir``), never into the
+package; the run-time lookup lays them over the shipped tables entry by entry, so a user table
+holds only what was tuned here (a copy of a shipped entry would hide a newer shipped one). By
+default (``merge``) the entries of the table already at the output path are kept for every
+(kernel, shape) the database has no trial for (a sweep database lost or kept elsewhere, a
+re-sweep of some kernels only): an export replaces only its own winners' entries. The provenance says which entries were kept and from
+which export. Where that table's entry is faster than the database's, the export names it, and
+keeps it for the kernels in ``fastest``. The file is written to a temporary name and renamed, so
+a reader never sees half a table, and nothing is written when anything is wrong.
 
 Times compare under a rank (``tuner.sweep.ranking``): device time by default, or the eager call time.
 Each entry records its host time, and :func:`host_bound_entries` names the entries whose eager
@@ -31,12 +36,16 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from db import Trial, TrialStatus, session_scope
-from kernels.tuning import TABLE_SCHEMA_VERSION, table_path
+from kernels.tuning import TABLE_SCHEMA_VERSION, TableError, read_table, table_path, user_tables_dir
 from tuner.sweep.ranking import DEFAULT_RANK, RANKS, Rank, common_rank, entry_time, pick, trial_time
 
 
-class NothingToExport(LookupError):
-    pass
+class ExportError(ValueError):
+    """An export that cannot be written as asked; the message names the option or file and why."""
+
+
+class NothingToExport(ExportError):
+    """The database (or the kept table) has nothing for what was asked."""
 
 
 ALL = "all"
@@ -168,19 +177,25 @@ def _merged(table: dict[str, Any], previous: dict[str, Any], skip: Sequence[str]
 
 
 def _previous_table(path: Path, arch: str) -> dict[str, Any]:
-    try:
-        previous = json.loads(path.read_text())
-    except FileNotFoundError:
+    """The table an export keeps entries of: the one at ``path``, if any."""
+    if not path.exists():
         return {}
-    except (OSError, ValueError) as exc:
-        raise NothingToExport(f"--merge: cannot read the table {path}: {exc}") from None
-    if previous.get("schema_version") != TABLE_SCHEMA_VERSION or previous.get("arch") != arch:
-        raise NothingToExport(f"--merge: {path} is not a schema-{TABLE_SCHEMA_VERSION} table of arch {arch!r}")
-    return previous
+    try:
+        return read_table(path, arch)
+    except TableError as exc:
+        raise ExportError(f"cannot keep the entries of {exc} (--no-merge replaces it)") from None
+
+
+def _output_path(arch: str, out_dir: Path | None) -> Path:
+    """``<out_dir>/<arch>.json`` (default: the user's tables folder), refused when ``out_dir`` is not a folder."""
+    folder = out_dir or user_tables_dir()
+    if folder.exists() and not folder.is_dir():
+        raise ExportError(f"--out: {folder} is not a folder")
+    return table_path(arch, folder)
 
 
 def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: Sequence[str] = (),
-                 fastest: Sequence[str] = (), merge: bool = False, rank: Rank = DEFAULT_RANK) -> tuple[Path, list[str]]:
+                 fastest: Sequence[str] = (), merge: bool = True, rank: Rank = DEFAULT_RANK) -> tuple[Path, list[str]]:
     """Write ``<out_dir>/<arch>.json`` atomically; its path and the :func:`regressions` of what it holds
     (with ``merge``, also the merged table's entries faster than what replaced them).
 
@@ -193,7 +208,7 @@ def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: S
         raise NothingToExport(f"--rank: {rank!r} is not one of {', '.join(RANKS)}")
     rows = _ok_trials(engine, arch)
     trials = _choose(rows, fastest, rank)
-    path = table_path(arch, out_dir)
+    path = _output_path(arch, out_dir)
     previous = _previous_table(path, arch) if merge else {}
     # A kernel named to an option must have trials here or, with merge, entries in the kept table
     # (a typo is refused either way); skipping one the database lacks is what merge is for.
@@ -211,8 +226,11 @@ def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: S
     if merge:
         table, slower_than_kept = _merged(table, previous, skip, fastest, rank)
         slower += slower_than_kept
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{arch}.", suffix=".json")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{arch}.", suffix=".json")
+    except OSError as exc:
+        raise ExportError(f"--out: cannot write in {path.parent}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(table, f, indent=1, sort_keys=True)

@@ -1,7 +1,10 @@
 """The sweep spec: what a user writes in YAML to queue a launch-parameter sweep.
 
 Validated by pydantic; every error names the field path and the reason, and nothing is
-written to the database before the whole spec (space overrides included) is valid.
+written to the database before the whole spec (space overrides included) is valid. A valid
+spec names its shapes explicitly, in the kernel's field order (a preset is resolved when the
+spec is validated), so that a spec read back from the database (:func:`stored_spec`) gives its
+shape keys without the kernel registry, which imports torch and the kernels.
 """
 
 from __future__ import annotations
@@ -10,11 +13,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, PrivateAttr, StrictInt, ValidationError,
+                      ValidationInfo, model_validator)
 
-from kernels import registry
 from search_spaces import ARCH_FACTS, SearchSpace, SpaceError, load_space
 from tuner.sweep.ranking import DEFAULT_RANK, Rank
+
+INT64_MAX = 2**63 - 1
+SEED_MAX = 2**32 - 1  # numpy's and Optuna's samplers take 32-bit seeds
+Seed = Field(0, ge=0, le=SEED_MAX)
 
 
 class SpecError(ValueError):
@@ -27,11 +34,11 @@ class _Strict(BaseModel):
 
 class Strategy(_Strict):
     name: Literal["grid", "random", "tpe"] = "grid"
-    seed: int = 0
+    seed: int = Seed
 
 
 class Budget(_Strict):
-    max_trials: PositiveInt | None = Field(None, description="evaluated configs per shape")
+    max_trials: PositiveInt | None = Field(None, le=INT64_MAX, description="evaluated configs per shape")
     max_minutes: PositiveFloat | None = Field(None, description="wall time of the whole sweep")
 
 
@@ -41,8 +48,8 @@ class TimingSettings(_Strict):
     warmup_ms: PositiveFloat = 5.0
     rep_ms: PositiveFloat = 20.0
     trial_timeout_s: PositiveFloat = 120.0
-    retime_top: int = Field(5, ge=1, description="best configs re-timed together at the end")
-    retime_rounds: PositiveInt = 3
+    retime_top: int = Field(5, ge=1, le=INT64_MAX, description="best configs re-timed together at the end")
+    retime_rounds: PositiveInt = Field(3, le=INT64_MAX)
     retime_warmup_ms: PositiveFloat = 25.0
     retime_rep_ms: PositiveFloat = 100.0
     method: Literal["events", "cudagraph"] = Field(
@@ -50,7 +57,7 @@ class TimingSettings(_Strict):
     rank: Rank = Field(DEFAULT_RANK, description="how the winner is picked: device time (CUDA-graph steps, and "
                        "the default: host times are noisy), or eager: the longer of device and host time, what "
                        "back-to-back eager calls run at (tuner.sweep.ranking)")
-    input_seed: int = 0
+    input_seed: int = Seed
 
 
 class Tolerance(_Strict):
@@ -62,29 +69,41 @@ class SweepSpec(_Strict):
     """One sweep: a kernel over shapes on an arch, searched by a strategy within a budget."""
 
     kernel: str
-    shapes: str | list[dict[str, int]]
+    shapes: str | list[dict[str, StrictInt]] = Field(min_length=1)
     arch: str = "auto"
     space: dict[str, list[Any]] = Field(default_factory=dict)
     strategy: Strategy = Field(default_factory=Strategy)
     budget: Budget = Field(default_factory=Budget)
     timing: TimingSettings = Field(default_factory=TimingSettings)
     tolerance: Tolerance | None = None
+    _stored: bool = PrivateAttr(False)
 
     @model_validator(mode="after")
-    def _check_against_kernel(self) -> SweepSpec:
+    def _check_against_kernel(self, info: ValidationInfo) -> SweepSpec:
+        if info.context and info.context.get("stored"):
+            self._stored = True
+            return self
+        from kernels import registry
+
         try:
             kernel = registry.get(self.kernel)
         except KeyError as exc:
             raise ValueError(str(exc.args[0])) from None
         if isinstance(self.shapes, str) and self.shapes not in kernel.presets:
             raise ValueError(f"shapes: unknown preset {self.shapes!r}; presets of {self.kernel}: {sorted(kernel.presets)}")
-        for i, shape in enumerate(self.resolved_shapes()):
+        # A field may be 0 where a preset of the kernel has it 0 (no skew, no top-k, a window layer).
+        zero_ok = {f for shapes in kernel.presets.values() for shape in shapes for f, v in shape.items() if v == 0}
+        shapes = self.resolved_shapes()
+        for i, shape in enumerate(shapes):
             try:
                 kernel.shape_key(shape)
             except KeyError as exc:
                 raise ValueError(f"shapes[{i}]: {exc.args[0]}") from None
-            if any(v < 0 for v in shape.values()):  # 0 is meaningful for some fields (no skew, no top-k)
-                raise ValueError(f"shapes[{i}]: every dimension must be >= 0, got {shape}")
+            for field, value in shape.items():
+                least = 0 if field in zero_ok else 1
+                if not least <= value <= INT64_MAX:
+                    raise ValueError(f"shapes[{i}].{field}: must be between {least} and 2**63 - 1, got {value}")
+        self.shapes = [{f: shape[f] for f in kernel.shape_fields} for shape in shapes]
         if self.arch != "auto" and self.arch not in ARCH_FACTS:
             raise ValueError(f"arch: unknown arch {self.arch!r}; use 'auto' or one of {sorted(ARCH_FACTS)}")
         if self.strategy.name != "grid" and self.budget.max_trials is None and self.budget.max_minutes is None:
@@ -96,14 +115,26 @@ class SweepSpec(_Strict):
         return self
 
     def resolved_shapes(self) -> list[dict[str, int]]:
-        """The explicit shapes, or the preset's."""
+        """The explicit shapes, or the preset's (a spec stored before presets were resolved at validation)."""
         if isinstance(self.shapes, str):
+            from kernels import registry
+
             return [dict(s) for s in registry.get(self.kernel).presets[self.shapes]]
         return self.shapes
 
+    def shape_keys(self) -> list[str]:
+        """The shape keys of the sweep's shapes (``kernels.registry.TunableKernel.shape_key``)."""
+        if isinstance(self.shapes, str):
+            from kernels import registry
+
+            kernel = registry.get(self.kernel)
+            return [kernel.shape_key(s) for s in self.resolved_shapes()]
+        return [",".join(f"{f}={int(v)}" for f, v in shape.items()) for shape in self.shapes]
+
     def search_space(self) -> SearchSpace:
-        """The kernel's default space with this spec's overrides applied."""
-        return load_space(self.kernel).with_overrides(self.space)
+        """The kernel's default space with this spec's overrides applied (a stored spec's space was
+        checked against the kernels' knobs when it was queued)."""
+        return load_space(self.kernel, check_knobs=not self._stored).with_overrides(self.space)
 
     def trial_budget(self, arch: str) -> int:
         """Configs evaluated per shape: the whole grid, capped by ``budget.max_trials``."""
@@ -116,6 +147,8 @@ class SweepSpec(_Strict):
         return self.strategy.name == "grid" and not self.budget.max_trials
 
     def tolerances(self) -> tuple[float, float]:
+        from kernels import registry
+
         kernel = registry.get(self.kernel)
         return (self.tolerance.atol, self.tolerance.rtol) if self.tolerance else (kernel.atol, kernel.rtol)
 
@@ -139,14 +172,32 @@ def parse_spec(data: Any) -> SweepSpec:
         raise SpecError(format_validation_error(exc)) from None
 
 
+def stored_spec(data: Any, sweep_id: int) -> SweepSpec:
+    """The spec of a stored sweep, read back without the kernel registry (it was validated against the
+    kernel when it was queued); :class:`SpecError` naming the sweep when the stored value is corrupt."""
+    if not isinstance(data, dict):
+        raise SpecError(f"sweep {sweep_id}: its stored spec is {type(data).__name__}, not a mapping (corrupt row)")
+    try:
+        return SweepSpec.model_validate(data, context={"stored": True})
+    except ValidationError as exc:
+        raise SpecError(f"sweep {sweep_id}: its stored spec is corrupt:\n{format_validation_error(exc)}") from None
+
+
 def load_spec(path: Path) -> SweepSpec:
     """Read and validate a YAML spec file."""
+    path = Path(path)
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        if not path.is_file():
+            raise SpecError(f"{path}: not a regular file" if path.exists() else f"{path}: no such file")
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
     except OSError as exc:
         raise SpecError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: nested too deeply") from None
     try:
         return parse_spec(data)
     except SpecError as exc:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.table import Table
 
-from db.training import TrainRun
-from workers.alltoall_cost import AlltoallCost
-from tuner.train.profile_layers import LayerCost
+if TYPE_CHECKING:  # the CLI's listing commands render runs without importing torch
+    from db.training import TrainRun
+    from tuner.train.profile_layers import LayerCost
+    from workers.alltoall_cost import AlltoallCost
 
 _BARS = "▁▂▃▄▅▆▇█"
 GIB = 1 << 30

@@ -1,0 +1,64 @@
+"""The CLI's entry imports no heavy module: torch, triton, Ray, Optuna, the kernels and the V4 model are
+imported by the commands that need them, so ``tuner --help`` and the listing commands answer at once.
+This checks the import graph, not a time (bench/cli_latency.py measures the time)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+HEAVY = ("torch", "triton", "ray", "optuna", "numpy", "kernels.registry", "kernels.launch", "kernels.rmsnorm",
+         "kernels.sparse_attention", "v4.model", "v4.pipeline", "torch.distributed.pipelining", "workers.pool",
+         "tuner.sweep.runner", "tuner.train.queue")
+
+PROBE = """
+import json, sys
+import tuner.cli.main
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def _modules_after(code: str) -> set[str]:
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return set(json.loads(result.stdout.splitlines()[-1]))
+
+
+def test_importing_the_cli_imports_no_heavy_module():
+    loaded = _modules_after(PROBE)
+    assert "tuner.cli.main" in loaded
+    assert sorted(loaded & set(HEAVY)) == []
+
+
+@pytest.mark.parametrize("args", [
+    ["--help"], ["sweep", "--help"], ["sweep", "list"], ["sweep", "status", "1"], ["tables", "show"],
+    ["tables", "--help"], ["train", "list"], ["train", "--help"], ["export", "--help"], ["plan", "--help"],
+    ["profile", "--help"], ["replay", "--help"], ["quickstart", "--help"], ["serve", "--help"],
+])
+def test_light_commands_import_no_heavy_module(args, tmp_path):
+    """Each command the issue wants instant runs in a fresh interpreter; what it imported is read back."""
+    code = f"""
+import json, sys
+from typer.testing import CliRunner
+from tuner.cli.main import app
+result = CliRunner().invoke(app, ["--db", "sqlite:///{tmp_path / 't.db'}", *{args!r}])
+assert result.exit_code in (0, 2), result.output
+print(json.dumps(sorted(sys.modules)))
+"""
+    assert sorted(_modules_after(code) & set(HEAVY)) == []
+
+
+def test_every_named_user_error_exists():
+    """The ``module:Class`` names the commands report in words are real exception classes (a renamed
+    class would otherwise leave its errors as tracebacks)."""
+    from tuner.cli import main, train
+
+    for name in (*main.USER_ERRORS, *train.ERRORS):
+        module, _, cls = name.partition(":")
+        assert issubclass(getattr(importlib.import_module(module), cls), Exception), name
