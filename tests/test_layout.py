@@ -94,6 +94,9 @@ VIOLATIONS = [
     ("mtp-count", "Et|tL", 2, 2, 1, None),
     ("mtp-order", "Et|mtL", 2, 2, 1, 3),
     ("mtp-stage", "Et*2|t*2m|m|L", 4, 2, 2, 8),
+    ("too-large", "E" + "(" * 5000 + "t" + ")" * 5000 + "mL", 1, 1, 1, 65),  # no RecursionError
+    ("too-large", "Et*1000000000mL", 1, 1, 1, 2),  # no MemoryError
+    ("too-large", "E((t*1000)*1000)*1000mL", 1, 1, 1, 1),
 ]
 
 

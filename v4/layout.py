@@ -23,8 +23,12 @@ COSMETIC = frozenset(", \t\r\n")
 
 RULES = (
     "arguments", "unknown-character", "unbalanced-parentheses", "repeat-count", "empty-stage",
-    "stage-count", "embedding", "loss", "layer-count", "mtp-count", "mtp-order", "mtp-stage",
+    "stage-count", "embedding", "loss", "layer-count", "mtp-count", "mtp-order", "mtp-stage", "too-large",
 )
+# Bounds far beyond any model (a layout names each layer once): a text past them is refused before it
+# exhausts the stack or the memory.
+MAX_DEPTH = 64  # nested groups
+MAX_SYMBOLS = 1_000_000  # symbols after expanding the repeats
 
 
 class LayoutError(ValueError):
@@ -99,6 +103,7 @@ class _Parser:
     def __init__(self, text: str):
         self.text = text
         self.pos = 0
+        self.depth = 0
 
     def _skip(self) -> None:
         while self.pos < len(self.text) and self.text[self.pos] in COSMETIC:
@@ -117,6 +122,8 @@ class _Parser:
             if self.pos >= len(self.text) or self.text[self.pos] == ")":
                 return out
             out.extend(self._item())
+            if len(out) > MAX_SYMBOLS:
+                raise LayoutError("too-large", f"more than {MAX_SYMBOLS:,} symbols once repeated", self.pos)
 
     def _item(self) -> list[tuple[str, int]]:
         start = self.pos
@@ -126,7 +133,11 @@ class _Parser:
             atom = [(char, start)]
         elif char == "(":
             self.pos += 1
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise LayoutError("too-large", f"groups nested more than {MAX_DEPTH} deep", start)
             atom = self._sequence()
+            self.depth -= 1
             if self.pos >= len(self.text):
                 raise LayoutError("unbalanced-parentheses", "'(' is never closed", start)
             self.pos += 1
@@ -140,7 +151,10 @@ class _Parser:
         if self.pos < len(self.text) and self.text[self.pos] == "*":
             if char == "|":
                 raise LayoutError("repeat-count", "'|' cannot be repeated: it would make empty stages", self.pos)
-            return atom * self._count()
+            count = self._count()
+            if len(atom) * count > MAX_SYMBOLS:
+                raise LayoutError("too-large", f"more than {MAX_SYMBOLS:,} symbols once repeated", start)
+            return atom * count
         return atom
 
     def _count(self) -> int:
@@ -151,6 +165,9 @@ class _Parser:
         while self.pos < len(self.text) and self.text[self.pos].isdigit():
             self.pos += 1
         digits = self.text[digits_start:self.pos]
+        if len(digits) > len(str(MAX_SYMBOLS)):
+            raise LayoutError("too-large", f"count {digits[:12]}{'...' if len(digits) > 12 else ''} is beyond "
+                              f"{MAX_SYMBOLS:,}", star)
         if not digits or int(digits) < 1:
             raise LayoutError("repeat-count", "'*' needs a positive integer count", star)
         return int(digits)
