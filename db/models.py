@@ -10,7 +10,7 @@ import enum
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -58,6 +58,7 @@ class LeasedJob:
 
 class Sweep(LeasedJob, Base):
     __tablename__ = "tuner_sweeps"
+    __table_args__ = (Index("ix_tuner_sweeps_status_heartbeat", "status", "heartbeat_at"),)
 
     kernel: Mapped[str] = mapped_column(String(128), index=True)
     arch: Mapped[str] = mapped_column(String(32))  # as asked: "auto" until a server resolves it
@@ -68,6 +69,8 @@ class Sweep(LeasedJob, Base):
 
 class Trial(Base):
     __tablename__ = "tuner_trials"
+    __table_args__ = (Index("ix_tuner_trials_sweep_identity", "sweep_id", "identity"),
+                      Index("ix_tuner_trials_sweep_shape", "sweep_id", "shape_key"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     sweep_id: Mapped[int] = mapped_column(ForeignKey("tuner_sweeps.id"), index=True)
@@ -84,6 +87,7 @@ class Trial(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     error: Mapped[str | None] = mapped_column(Text)
     host: Mapped[str | None] = mapped_column(String(255))
+    node: Mapped[str | None] = mapped_column(String(64))  # the Ray node id of the worker that measured it
     gpu_name: Mapped[str | None] = mapped_column(String(255))
     sm_count: Mapped[int | None] = mapped_column(Integer)
     versions: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -6,6 +6,9 @@ else the kernels print goes to stderr). A config that faults the GPU or hangs ta
 this process down; the parent records the trial and starts a fresh child.
 
 Requests: ``{"op": "describe"}``, ``{"op": "trial", ...}``, ``{"op": "retime", ...}``.
+
+The child ends itself when its parent dies (its worker killed, or its node's raylet): a
+config that hangs would otherwise keep it, and the device, busy with nobody to answer.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -124,7 +128,23 @@ def retime(request: dict[str, Any]) -> dict[str, Any]:
 HANDLERS = {"describe": lambda _request: describe_device(), "trial": run_trial, "retime": retime}
 
 
+PARENT_CHECK_S = 0.5
+
+
+def exit_with_parent() -> None:
+    """End this process, from a daemon thread, once its parent is gone (it is then re-parented)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main() -> None:
+    exit_with_parent()
     answer = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt answers
     for line in sys.stdin:

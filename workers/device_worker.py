@@ -1,7 +1,8 @@
 """The Ray actor that owns one GPU (or, without GPUs, one CPU running the interpreter).
 
 The actor itself never touches the device: it forwards each request to its benchmarking
-child process, so a faulting config kills the child and the actor carries on.
+child process, so a faulting config kills the child and the actor carries on. Every answer
+names the Ray node that gave it: after a node dies, Ray restarts the actor elsewhere.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ class DeviceWorker:
 
     def __init__(self, env: dict[str, str]) -> None:
         self._bench = BenchProcess(env)
+        self._node = ray.get_runtime_context().get_node_id()
 
     def describe(self) -> dict[str, Any]:
         info = self._bench.request({"op": "describe"}, DESCRIBE_TIMEOUT_S)
         if "arch" not in info:
             raise RuntimeError(f"benchmark process failed to start: {info.get('error')}")
-        return info
+        return {**info, "node": self._node}
 
     def run_trial(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        return self._bench.request({"op": "trial", **request}, timeout_s)
+        return {**self._bench.request({"op": "trial", **request}, timeout_s), "node": self._node}
 
     def retime(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         return self._bench.request({"op": "retime", **request}, timeout_s)

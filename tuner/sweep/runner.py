@@ -10,6 +10,14 @@ at once, so a killed server loses nothing it measured and a restarted one re-run
 trials that were in flight. When a shape is done, its best configs are re-timed together
 on every device worker with the longer re-timing settings, and the winner is taken from
 that re-timing.
+
+A worker that dies under a trial (its node lost, its process killed) is a fault of the
+cluster, not of the config: the config goes back to the front of the line for another
+worker (``MAX_REQUEUES`` times), and the dead worker gets trials again once Ray has
+restarted it. The claim's lease is renewed from a thread (``queue.Lease``) through every
+phase; a runner whose lease is gone stops. A proposal whose identity this sweep recorded
+already (a server killed between recording a trial and telling the search) is answered
+from the record, never measured again.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import ray
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
-from db import Sweep, SweepStatus, Trial, TrialStatus, session_scope
+from db import Sweep, SweepStatus, Trial, TrialStatus, retrying, session_scope
 from db.models import utcnow
 from kernels import registry
 from tuner.sweep import queue
@@ -38,7 +46,8 @@ from tuner.sweep.strategies import ConfigSource, GridSource, OptunaSource, Propo
 from workers.compile_task import compile_config
 from workers.pool import WorkerPool
 
-HEARTBEAT_EVERY_S = 5.0
+# Times a config goes back in line after the worker measuring it died, before it is recorded as a crash.
+MAX_REQUEUES = 2
 # Compile workers hold a copy of the inputs on the GPU; all of them together may use this
 # share of its memory, else the benchmarking children compile for themselves.
 COMPILE_MEMORY_SHARE = 0.25
@@ -71,6 +80,7 @@ class Pending:
     identity: str
     submitted: float = field(default_factory=time.monotonic)
     started_at: datetime | None = None
+    requeues: int = 0
 
     @property
     def config(self) -> dict[str, Any]:
@@ -96,8 +106,12 @@ class SweepRunner:
     """Runs one sweep that ``owner`` has claimed."""
 
     def __init__(self, engine: Engine, storage: optuna.storages.BaseStorage, sweep_id: int,
-                 owner: str, pool: WorkerPool, on_progress: ProgressFn | None = None) -> None:
+                 owner: str, pool: WorkerPool, on_progress: ProgressFn | None = None,
+                 lease_s: float = queue.DEFAULT_LEASE_S) -> None:
         self.engine, self.storage, self.sweep_id, self.owner, self.pool = engine, storage, sweep_id, owner, pool
+        self.lease_s = lease_s
+        self.lease: queue.Lease | None = None
+        self.down: dict[Any, int] = {}  # a ping of each dead worker -> its index; back in use when it answers
         self.on_progress = on_progress or (lambda *_: None)
         sweep = queue.get_sweep(engine, sweep_id)
         self.spec = SweepSpec.model_validate(sweep.spec)
@@ -113,7 +127,6 @@ class SweepRunner:
         self.atol, self.rtol = self.spec.tolerances()
         self.timing = self.spec.timing
         self.deadline = (time.monotonic() + self.spec.budget.max_minutes * 60) if self.spec.budget.max_minutes else None
-        self._last_beat = 0.0
 
     # -- the sweep ---------------------------------------------------------------------
     def run(self) -> SweepStatus:
@@ -121,21 +134,21 @@ class SweepRunner:
         with session_scope(self.engine) as session:
             session.execute(update(Sweep).where(Sweep.id == self.sweep_id).values(arch=self.arch))
         try:
-            for shape in self.spec.resolved_shapes():
-                state = self._open_shape(shape)
-                self._search(state)
-                self._retime(state)
+            with queue.Lease(self.engine, self.sweep_id, self.owner, self.lease_s) as self.lease:
+                for shape in self.spec.resolved_shapes():
+                    state = self._open_shape(shape)
+                    self._search(state)
+                    self._retime(state)
+                self._beat()
         except SweepStopped:
-            return SweepStatus.cancelled
+            return SweepStatus(queue.get_sweep(self.engine, self.sweep_id).status)
         if not queue.finish(self.engine, self.sweep_id, self.owner, SweepStatus.done):
             return SweepStatus(queue.get_sweep(self.engine, self.sweep_id).status)
         return SweepStatus.done
 
     def _beat(self) -> None:
-        if time.monotonic() - self._last_beat < HEARTBEAT_EVERY_S:
-            return
-        self._last_beat = time.monotonic()
-        if not queue.heartbeat(self.engine, self.sweep_id, self.owner):
+        """Stop when the lease is gone (the renewals run on the lease's own thread)."""
+        if self.lease is not None and self.lease.lost:
             raise SweepStopped()
 
     def _identity(self, key: str, config: dict[str, Any]) -> str:
@@ -202,9 +215,9 @@ class SweepRunner:
         ready: deque[Pending] = deque()
         compiling: dict[Any, Pending] = {}
         benching: dict[Any, tuple[Pending, int]] = {}
-        idle = list(range(len(self.pool.workers)))
+        idle = [i for i in range(len(self.pool.workers)) if i not in self.down.values()]
         compile_ahead = self._compiles_ahead(state.shape)
-        lookahead = 2 * len(idle) + (self.pool.compile_slots if compile_ahead else 0)
+        lookahead = 2 * len(self.pool.workers) + (self.pool.compile_slots if compile_ahead else 0)
         timeout_s = self.timing.trial_timeout_s
         exhausted = False
 
@@ -231,7 +244,8 @@ class SweepRunner:
                 benching[self.pool.workers[worker].run_trial.remote(request, timeout_s)] = (pending, worker)
 
         for proposal in state.source.resume():
-            admit(Pending(proposal, self._identity(state.key, proposal.config)))
+            if (pending := self._screen(state, proposal)) is not None:
+                admit(pending)
         self._report(state)
         while True:
             self._beat()
@@ -246,12 +260,16 @@ class SweepRunner:
             dispatch()
             if not (ready or compiling or benching):
                 return
-            done, _ = ray.wait([*compiling, *benching], num_returns=1, timeout=1.0)
+            waiting = [*compiling, *benching, *self.down]
+            done, _ = ray.wait(waiting, num_returns=1, timeout=1.0)
             if done:
-                done, _ = ray.wait([*compiling, *benching], num_returns=len(compiling) + len(benching), timeout=0)
+                done, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
             finished: list[tuple[Pending, dict[str, Any], int | None]] = []
             for ref in done:
-                if ref in compiling:
+                if ref in self.down:
+                    if self._revived(ref):
+                        idle.append(self.down.pop(ref))
+                elif ref in compiling:
                     pending = compiling.pop(ref)
                     result = self._get(ref)
                     if result["status"] == "ok":
@@ -260,8 +278,18 @@ class SweepRunner:
                         finished.append((pending, result, None))
                 elif ref in benching:
                     pending, worker = benching.pop(ref)
-                    idle.append(worker)
-                    finished.append((pending, self._get(ref), worker))
+                    result = self._answer(ref)
+                    if result is not None:
+                        idle.append(worker)
+                        finished.append((pending, result, worker))
+                        continue
+                    self._worker_died(worker)
+                    if pending.requeues < MAX_REQUEUES:
+                        pending.requeues += 1
+                        ready.appendleft(pending)
+                    else:
+                        finished.append((pending, {"status": "crash", "error": f"the worker measuring it died "
+                                                   f"{pending.requeues + 1} times"}, worker))
             dispatch()  # workers first, bookkeeping after
             for pending, result, worker in finished:
                 self._record(state, pending, result, worker)
@@ -279,6 +307,33 @@ class SweepRunner:
         except ray.exceptions.RayError as exc:
             return {"status": "crash", "error": f"worker failed: {exc}"[:4000]}
 
+    def _answer(self, ref: Any) -> dict[str, Any] | None:
+        """A device worker's answer to a trial; None when the worker itself died (not the config's doing:
+        the benchmarking child absorbs the config's faults)."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError:
+            return None
+        except ray.exceptions.RayError as exc:
+            return {"status": "crash", "error": f"worker failed: {exc}"[:4000]}
+
+    def _worker_died(self, worker: int) -> None:
+        """Take ``worker`` out of use until Ray has restarted it (on its node, or wherever a device is free)."""
+        self.down[self.pool.workers[worker].restarts.remote()] = worker
+
+    def _revived(self, ping: Any) -> bool:
+        """Whether the restarted worker answered its ping; a worker Ray gave up on is asked again."""
+        try:
+            ray.get(ping)
+            return True
+        except ray.exceptions.RayError:
+            worker = self.down.pop(ping)
+            self._worker_died(worker)
+            return False
+
+    def _live_workers(self) -> list[int]:
+        return [i for i in range(len(self.pool.workers)) if i not in self.down.values()]
+
     def _screen(self, state: ShapeState, proposal: Proposal) -> Pending | None:
         """A proposal that must be measured, or None when it was pruned or answered from the DB."""
         identity = self._identity(state.key, proposal.config)
@@ -293,9 +348,10 @@ class SweepRunner:
         return Pending(proposal, identity)
 
     def _reuse(self, state: ShapeState, proposal: Proposal, identity: str) -> bool:
-        """Answer a proposal from an earlier measurement of the same identity; True if one existed."""
+        """Answer a proposal from this sweep's own record of its identity (any verdict), or from an
+        earlier sweep's reusable one; True if either existed."""
         with session_scope(self.engine) as session:
-            previous = reusable_trial(session, identity)
+            previous = self._recorded(session, identity) or reusable_trial(session, identity)
             if previous is None:
                 return False
             if previous.sweep_id != self.sweep_id:
@@ -317,6 +373,11 @@ class SweepRunner:
             state.best_ms = median_ms if state.best_ms is None else min(state.best_ms, median_ms)
         self._report(state)
 
+    def _recorded(self, session: Session, identity: str) -> Trial | None:
+        """This sweep's trial of ``identity``, if it recorded one."""
+        return session.scalars(select(Trial).where(Trial.sweep_id == self.sweep_id, Trial.identity == identity)
+                               .limit(1)).first()
+
     def _trial(self, key: str, config: dict[str, Any], identity: str, **measured: Any) -> Trial:
         """A trial row of this sweep; ``measured`` holds the status and what was measured."""
         return Trial(sweep_id=self.sweep_id, kernel=self.kernel.name, shape_key=key, arch=self.arch,
@@ -332,13 +393,19 @@ class SweepRunner:
         """Commit a finished trial, then report it (a kill in between only repeats the report)."""
         info = self.pool.infos[worker] if worker is not None else {}
         metrics = {**result.get("metrics", {}), **({"busy_s": result["busy_s"]} if "busy_s" in result else {})}
-        with session_scope(self.engine) as session:
-            session.add(self._trial(
-                state.key, pending.config, pending.identity, status=result["status"],
-                median_ms=result.get("median_ms"), p20_ms=result.get("p20_ms"), p80_ms=result.get("p80_ms"),
-                reps=result.get("reps"), error=result.get("error"), metrics=metrics,
-                host=info.get("host"), gpu_name=info.get("gpu_name"), sm_count=info.get("sm_count"),
-                versions=self.toolchain, started_at=pending.started_at))
+
+        def write() -> None:  # retried while the database is out of reach: at most one row per identity
+            with session_scope(self.engine) as session:
+                if self._recorded(session, pending.identity) is not None:
+                    return
+                session.add(self._trial(
+                    state.key, pending.config, pending.identity, status=result["status"],
+                    median_ms=result.get("median_ms"), p20_ms=result.get("p20_ms"), p80_ms=result.get("p80_ms"),
+                    reps=result.get("reps"), error=result.get("error"), metrics=metrics,
+                    host=info.get("host"), node=result.get("node", info.get("node")), gpu_name=info.get("gpu_name"),
+                    sm_count=info.get("sm_count"), versions=self.toolchain, started_at=pending.started_at))
+
+        retrying(write, f"recording a trial of sweep {self.sweep_id}")
         state.evaluated += 1
         self._tell(state, pending.proposal, result["status"], result.get("median_ms"))
 
@@ -350,48 +417,65 @@ class SweepRunner:
     # -- re-timing of the best configs -------------------------------------------------
     def _retime(self, state: ShapeState) -> None:
         """Time the best few configs together on every device worker (the best by device time, and by
-        eager time where the rank is eager); mark the fastest under the sweep's rank."""
+        eager time where the rank is eager); mark the fastest under the sweep's rank. No transaction
+        stays open while the workers time."""
         with session_scope(self.engine) as session:
             rows = session.scalars(
                 select(Trial).where(Trial.sweep_id == self.sweep_id, Trial.shape_key == state.key,
                                     Trial.status == TrialStatus.ok.value)
             ).all()
-            rank = self.timing.rank
-            orders: list[Callable[[Trial], float]] = [lambda r: r.median_ms]
-            if rank == "eager":  # the best by device time may all be host-bound
-                orders.append(lambda r: screening_time(r).ms(rank))
-            best: dict[str, Trial] = {}
-            for order in orders:
-                distinct: dict[str, Trial] = {}
-                for row in sorted(rows, key=order):
-                    distinct.setdefault(row.identity, row)
-                for identity, row in list(distinct.items())[: self.timing.retime_top]:
-                    best.setdefault(identity, row)
-            candidates = list(best.values())
-            if not candidates:
-                return
-            per_worker: list[list[float]] = []
-            host_per_worker: list[list[float]] = []
-            if len(candidates) > 1:
-                request = {"kernel": self.kernel.name, "shape": state.shape, "configs": [c.config for c in candidates],
-                           "seed": self.timing.input_seed, "rounds": self.timing.retime_rounds,
-                           "warmup_ms": self.timing.retime_warmup_ms, "rep_ms": self.timing.retime_rep_ms,
-                           "method": self.timing.method}
-                timeout = self.timing.trial_timeout_s * len(candidates)
-                answers = [self._get(r) for r in [w.retime.remote(request, timeout) for w in self.pool.workers]]
-                per_worker = [a["medians_ms"] for a in answers if a.get("status") == "ok"]
-                host_per_worker = [a["host_least_ms"] for a in answers if "host_least_ms" in a]
-                retime_busy_s = [a.get("busy_s", 0.0) for a in answers]
-            session.execute(update(Trial).where(Trial.sweep_id == self.sweep_id, Trial.shape_key == state.key)
-                            .values(is_winner=False))
-            for i, row in enumerate(candidates):
-                samples = sorted(w[i] for w in per_worker)
-                if samples:
-                    row.retime_ms = statistics.median(samples)
-                    row.metrics = {**row.metrics, "retime_per_worker_ms": samples}
-                if host_per_worker:
-                    row.metrics = {**row.metrics, "retime_host_ms": min(w[i] for w in host_per_worker)}
-            winner = pick(candidates, trial_time, rank)
-            winner.is_winner = True
-            if per_worker:
-                winner.metrics = {**winner.metrics, "retime_busy_s": retime_busy_s}
+        rank = self.timing.rank
+        orders: list[Callable[[Trial], float]] = [lambda r: r.median_ms]
+        if rank == "eager":  # the best by device time may all be host-bound
+            orders.append(lambda r: screening_time(r).ms(rank))
+        best: dict[str, Trial] = {}
+        for order in orders:
+            distinct: dict[str, Trial] = {}
+            for row in sorted(rows, key=order):
+                distinct.setdefault(row.identity, row)
+            for identity, row in list(distinct.items())[: self.timing.retime_top]:
+                best.setdefault(identity, row)
+        candidate_ids = [row.id for row in best.values()]
+        if not candidate_ids:
+            return
+        answers: list[dict[str, Any]] = []
+        if len(candidate_ids) > 1:
+            request = {"kernel": self.kernel.name, "shape": state.shape,
+                       "configs": [row.config for row in best.values()],
+                       "seed": self.timing.input_seed, "rounds": self.timing.retime_rounds,
+                       "warmup_ms": self.timing.retime_warmup_ms, "rep_ms": self.timing.retime_rep_ms,
+                       "method": self.timing.method}
+            answers = self._retime_on_live_workers(request, self.timing.trial_timeout_s * len(candidate_ids))
+        per_worker = [a["medians_ms"] for a in answers if a.get("status") == "ok"]
+        host_per_worker = [a["host_least_ms"] for a in answers if "host_least_ms" in a]
+        self._beat()  # a runner that lost its lease marks no winner
+
+        def write() -> None:
+            with session_scope(self.engine) as session:
+                session.execute(update(Trial).where(Trial.sweep_id == self.sweep_id, Trial.shape_key == state.key)
+                                .values(is_winner=False))
+                candidates = [session.get(Trial, trial_id) for trial_id in candidate_ids]
+                for i, row in enumerate(candidates):
+                    samples = sorted(w[i] for w in per_worker)
+                    if samples:
+                        row.retime_ms = statistics.median(samples)
+                        row.metrics = {**row.metrics, "retime_per_worker_ms": samples}
+                    if host_per_worker:
+                        row.metrics = {**row.metrics, "retime_host_ms": min(w[i] for w in host_per_worker)}
+                winner = pick(candidates, trial_time, rank)
+                winner.is_winner = True
+                if per_worker:
+                    winner.metrics = {**winner.metrics, "retime_busy_s": [a.get("busy_s", 0.0) for a in answers]}
+
+        retrying(write, f"marking the winner of sweep {self.sweep_id}")
+
+    def _retime_on_live_workers(self, request: dict[str, Any], timeout_s: float) -> list[dict[str, Any]]:
+        """Every live worker's re-timing answer; a worker that dies or outlasts its timeout is left out.
+        The lease is checked while they run (a re-timing takes minutes on a GPU)."""
+        refs = [self.pool.workers[i].retime.remote(request, timeout_s) for i in self._live_workers()]
+        deadline = time.monotonic() + timeout_s + 30  # the worker's own timeout, and its child's restart
+        pending = list(refs)
+        while pending and time.monotonic() < deadline:
+            self._beat()
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+        return [self._get(ref) for ref in refs if ref not in pending]

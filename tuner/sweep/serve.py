@@ -1,20 +1,39 @@
-"""The serve loop: claim queued sweeps one after another and run them on the worker pool."""
+"""The serve loop: claim queued sweeps one after another and run them on the worker pool.
+
+Faults it rides out: the database out of reach (each statement is retried with backoff; what
+Optuna was doing when it broke is redone by resuming the sweep, as a restarted server would,
+once the database answers again), and a lease lost to another server (the runner stops; the
+other server finishes the sweep). A killed server leaves none of its processes running
+(``workers.reaper``). A server on a cluster whose head stops answering puts its sweep back in
+the queue and exits with a message (``workers.cluster_watch``); started again once the cluster
+is back, a server resumes the sweep where the trials recorded so far leave it.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable
 
 import optuna
-from sqlalchemy import Engine
+import ray
+from sqlalchemy import Engine, text
 
-from db import SweepStatus
+from db import SweepStatus, make_engine, retrying, schema_lock, session_scope
+from db.engine import is_disconnect
 from tuner.sweep import queue
 from tuner.sweep.runner import ProgressFn, SweepRunner
+from workers.cluster_watch import ClusterWatch
 from workers.pool import WorkerPool
+from workers.reaper import Reaper
+
+log = logging.getLogger(__name__)
+CLUSTER_LOST_EXIT = 3
+_storages: dict[str, optuna.storages.RDBStorage] = {}
 
 
 def owner_name() -> str:
@@ -23,20 +42,40 @@ def owner_name() -> str:
 
 
 def optuna_storage(url: str) -> optuna.storages.RDBStorage:
-    """Optuna's study storage in the tuner's own database (so optuna-dashboard can open it)."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    """Optuna's study storage in the tuner's own database (so optuna-dashboard can open it), one per URL
+    and process. Created under the schema lock: Optuna stamps its own version table, and two servers
+    starting together on a fresh database both did, and one failed."""
+    if url not in _storages:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+        lock_engine = make_engine(url)  # Optuna builds its own engine from the URL
+        try:
+            with schema_lock(lock_engine):
+                _storages[url] = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        finally:
+            lock_engine.dispose()
+    return _storages[url]
 
 
 def run_sweep(engine: Engine, url: str, sweep_id: int, owner: str, pool: WorkerPool,
-              on_progress: ProgressFn | None = None) -> SweepStatus:
-    """Run a sweep ``owner`` has claimed; a failure marks it ``failed`` with the error."""
+              on_progress: ProgressFn | None = None, lease_s: float = queue.DEFAULT_LEASE_S) -> SweepStatus:
+    """Run a sweep ``owner`` has claimed; a failure marks it ``failed`` with the error. The database going
+    out of reach is no failure of the sweep: that error is raised and the sweep left ``running``."""
     try:
-        return SweepRunner(engine, optuna_storage(url), sweep_id, owner, pool, on_progress).run()
+        return SweepRunner(engine, optuna_storage(url), sweep_id, owner, pool, on_progress, lease_s).run()
     except Exception as exc:
-        queue.finish(engine, sweep_id, owner, SweepStatus.failed, error=f"{type(exc).__name__}: {exc}")
+        if not is_disconnect(exc):
+            queue.finish(engine, sweep_id, owner, SweepStatus.failed, error=f"{type(exc).__name__}: {exc}")
         raise
+
+
+def wait_for_database(engine: Engine) -> None:
+    """Return once the database answers; ``DatabaseError`` when it stays out of reach (``TUNER_DB_RETRY_S``)."""
+    def ping() -> None:
+        with session_scope(engine) as session:
+            session.execute(text("SELECT 1"))
+
+    retrying(ping, "waiting for the database")
 
 
 def serve(engine: Engine, url: str, pool: WorkerPool, drain: bool, lease_s: float, poll_s: float,
@@ -49,19 +88,47 @@ def serve(engine: Engine, url: str, pool: WorkerPool, drain: bool, lease_s: floa
     """
     owner = owner_name()
     ran = 0
-    while True:
-        sweep_id = queue.claim_next(engine, owner, lease_s)
-        if sweep_id is None:
-            if other_job():
-                ran += 1
+    reaper = Reaper()
+    address = ray.get_runtime_context().gcs_address if ray.is_initialized() else "(none)"
+
+    def cluster_lost(message: str) -> None:
+        """Ray would end this process on its own within a minute, unexplained; end it here, in words."""
+        put_back = queue.release(engine, owner)
+        again = f"; sweep(s) {', '.join(map(str, put_back))} back in the queue" if put_back else ""
+        print(f"error: {message}{again}; start `tuner serve` again once the cluster is up", file=sys.stderr,
+              flush=True)
+        os._exit(CLUSTER_LOST_EXIT)
+
+    watch = ClusterWatch(address, cluster_lost).start()
+    try:
+        while True:
+            sweep_id = queue.claim_next(engine, owner, lease_s)
+            if sweep_id is None:
+                if other_job():
+                    ran += 1
+                    continue
+                if drain:
+                    return ran
+                time.sleep(poll_s)
                 continue
-            if drain:
-                return ran
-            time.sleep(poll_s)
-            continue
+            on_done(sweep_id, _run_held(engine, url, sweep_id, owner, pool, on_sweep, lease_s))
+            ran += 1
+    finally:
+        watch.stop()
+        reaper.release()
+
+
+def _run_held(engine: Engine, url: str, sweep_id: int, owner: str, pool: WorkerPool,
+              on_sweep: Callable[[int], ProgressFn], lease_s: float) -> SweepStatus:
+    """Run a claimed sweep, resuming it after each database outage for as long as ``owner`` holds it."""
+    while True:
         try:
-            status = run_sweep(engine, url, sweep_id, owner, pool, on_sweep(sweep_id))
-        except Exception:  # noqa: BLE001 - recorded on the sweep; the server carries on
-            status = SweepStatus.failed
-        on_done(sweep_id, status)
-        ran += 1
+            return run_sweep(engine, url, sweep_id, owner, pool, on_sweep(sweep_id), lease_s)
+        except Exception as exc:  # noqa: BLE001 - recorded on the sweep; the server carries on
+            if not is_disconnect(exc):
+                return SweepStatus.failed
+            log.warning("sweep %s: database out of reach (%s); resuming it once it answers", sweep_id,
+                        str(exc).splitlines()[0][:200])
+        wait_for_database(engine)
+        if not queue.heartbeat(engine, sweep_id, owner):
+            return SweepStatus(queue.get_sweep(engine, sweep_id).status)
