@@ -85,6 +85,8 @@ def open_engine(url: str) -> Engine:
 
     try:
         return open_database(url)
+    except OSError as exc:  # the schema lock beside a SQLite file in a folder that is not there
+        raise DatabaseError(f"database {_shown(url)}: unable to open: {exc.strerror or exc}") from None
     except CommandError as exc:
         raise DatabaseError(f"database {_shown(url)}: {exc}; its schema was written by another version of "
                             "the tuner (upgrade the tuner, or use another --db)") from None

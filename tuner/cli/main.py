@@ -7,7 +7,11 @@ answer at once. tests/test_cli_imports.py keeps it so.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -76,6 +80,7 @@ RayAddress = Annotated[Optional[str], typer.Option("--ray-address", envvar="RAY_
                                                    help="join this Ray cluster (default: start a local one)")]
 CpuWorkers = Annotated[int, typer.Option(help="device workers on a cluster without GPUs (interpreter)", min=1)]
 SweepId = Annotated[int, typer.Argument(min=1, max=ID_MAX, help="a sweep's id (tuner sweep list)")]
+ArchName = Annotated[Optional[str], typer.Option(help="only this arch, e.g. sm_90", callback=lambda value: _arch_name(value))]
 TablesOut = Annotated[Optional[Path], typer.Option(
     help="folder for the table (default: TUNER_TABLES_DIR, else the user data dir's tables)")]
 
@@ -164,7 +169,8 @@ def sweep_status(sweep_id: SweepId) -> None:
     from tuner.sweep import queue
     from tuner.sweep.spec import stored_spec
 
-    sweep = queue.get_sweep(state.engine, sweep_id)
+    with _corrupt_row(sweep_id):
+        sweep = queue.get_sweep(state.engine, sweep_id)
     spec = stored_spec(sweep.spec, sweep_id)
     arch = sweep.arch if sweep.arch != "auto" else "interp"
     with session_scope(state.engine) as session:
@@ -173,13 +179,25 @@ def sweep_status(sweep_id: SweepId) -> None:
     display.console.print(display.status_table(sweep, trials, {key: budget for key in spec.shape_keys()}))
 
 
+@contextlib.contextmanager
+def _corrupt_row(sweep_id: int) -> Iterator[None]:
+    """A sweep row whose stored spec is not JSON is reported, naming the sweep."""
+    from tuner.sweep.spec import SpecError
+
+    try:
+        yield
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"sweep {sweep_id}: its stored spec is not valid JSON ({exc.msg}; corrupt row)") from None
+
+
 @sweep_app.command("cancel")
 @user_errors
 def sweep_cancel(sweep_id: SweepId) -> None:
     """Cancel a queued or running sweep (a running one stops at its next heartbeat)."""
     from tuner.sweep import queue
 
-    typer.echo(f"sweep {sweep_id}: {queue.cancel(state.engine, sweep_id)}")
+    with _corrupt_row(sweep_id):
+        typer.echo(f"sweep {sweep_id}: {queue.cancel(state.engine, sweep_id)}")
 
 
 @app.command()
@@ -248,9 +266,16 @@ def export(arch: Annotated[str, typer.Option(help="arch to export, e.g. sm_90")]
     _export(arch, out, skip=skip_kernel or (), fastest=fastest or (), merge=merge, rank=rank)
 
 
+def _arch_name(value: Optional[str]) -> Optional[str]:
+    """An arch names a table file: letters, digits and underscores only (no path)."""
+    if value is not None and not re.fullmatch(r"[A-Za-z0-9_]+", value):
+        raise typer.BadParameter(f"--arch: {value!r} is not an arch name (letters, digits, _)")
+    return value
+
+
 @tables_app.command("show")
 @user_errors
-def tables_show(arch: Annotated[Optional[str], typer.Option(help="only this arch")] = None,
+def tables_show(arch: ArchName = None,
                 directory: Annotated[Optional[Path], typer.Option(
                     "--dir", help="show the tables of this folder alone, not the layers the kernels read")] = None) -> None:
     """Print the tuned tables the kernels read: your entries over the shipped ones, each marked with its layer."""
@@ -277,7 +302,7 @@ def tables_show(arch: Annotated[Optional[str], typer.Option(help="only this arch
 
 @tables_app.command("reset")
 @user_errors
-def tables_reset(arch: Annotated[Optional[str], typer.Option(help="only this arch (default: every arch)")] = None) -> None:
+def tables_reset(arch: ArchName = None) -> None:
     """Drop your exported tables (all, or ARCH's), so that the kernels read the shipped tables again."""
     from kernels import tuning
 
@@ -295,10 +320,12 @@ def quickstart(ray_address: RayAddress = None, out: TablesOut = None) -> None:
     """Tune the project's kernels here (GPUs if any, else the interpreter on small shapes), export, show."""
     from kernels import tuning
     from tuner.sweep import queue
+    from tuner.sweep.export import tables_folder
     from tuner.sweep.quickstart import quickstart_specs
     from tuner.sweep.serve import owner_name
     from workers.pool import WorkerPool
 
+    tables_folder(out)  # a bad --out fails before the sweeps, not after them
     engine = state.engine
     pool = WorkerPool.start(ray_address)
     try:

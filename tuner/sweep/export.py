@@ -186,12 +186,12 @@ def _previous_table(path: Path, arch: str) -> dict[str, Any]:
         raise ExportError(f"cannot keep the entries of {exc} (--no-merge replaces it)") from None
 
 
-def _output_path(arch: str, out_dir: Path | None) -> Path:
-    """``<out_dir>/<arch>.json`` (default: the user's tables folder), refused when ``out_dir`` is not a folder."""
+def tables_folder(out_dir: Path | None) -> Path:
+    """Where an export writes: ``out_dir`` (default: the user's tables folder), refused when it is not a folder."""
     folder = out_dir or user_tables_dir()
     if folder.exists() and not folder.is_dir():
         raise ExportError(f"--out: {folder} is not a folder")
-    return table_path(arch, folder)
+    return folder
 
 
 def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: Sequence[str] = (),
@@ -208,7 +208,7 @@ def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: S
         raise NothingToExport(f"--rank: {rank!r} is not one of {', '.join(RANKS)}")
     rows = _ok_trials(engine, arch)
     trials = _choose(rows, fastest, rank)
-    path = _output_path(arch, out_dir)
+    path = table_path(arch, tables_folder(out_dir))
     previous = _previous_table(path, arch) if merge else {}
     # A kernel named to an option must have trials here or, with merge, entries in the kept table
     # (a typo is refused either way); skipping one the database lacks is what merge is for.
