@@ -122,8 +122,15 @@ def test_missing_kinds_and_bad_measurements(db_url: str) -> None:
     store_profiles(engine, [measured(k) for k in FLASH_KINDS if k != "mtp"], kernel_tables="eager", **KEY)
     with pytest.raises(ProfilesMissing, match=r"no mtp profile of v4-flash on 'NVIDIA H200'.*NVIDIA H200"):
         load_costs(engine, "NVIDIA H200", "v4-flash", 4096, 1, 8)
-    with pytest.raises(ProfilesMissing, match="no GPU kind has any"):
+    with pytest.raises(ProfilesMissing, match=r"no measured profiles of v4-flash .* seq 8192.* in the database$"):
         load_costs(engine, "NVIDIA H200", "v4-flash", 8192, 1, 8)
+    with pytest.raises(ProfilesMissing, match=r"in the database or the packaged profiles \(shipped for h100"):
+        load_costs(engine, "NVIDIA H200", "v4-flash", 8192, 1, 8, packaged="h200")
+    # the database's rows win over the packaged ones, even incomplete: missing kinds are named, not filled in
+    with pytest.raises(ProfilesMissing, match=r"no mtp profile of v4-flash on 'NVIDIA H100 80GB HBM3'"):
+        store_profiles(engine, [measured(k) for k in FLASH_KINDS if k != "mtp"], kernel_tables="eager",
+                       **{**KEY, "gpu_kind": "NVIDIA H100 80GB HBM3"})
+        load_costs(engine, "NVIDIA H100 80GB HBM3", "v4-flash", 4096, 1, 8, packaged="h100")
     for bad, match in [(dataclasses.replace(measured("mtp"), layer_kind="moe"), "layer_kind must be one of"),
                        (dataclasses.replace(measured("mtp"), forward_ms=-1.0), r"mtp\.forward_ms"),
                        (dataclasses.replace(measured("mtp"), optimizer_ms_per_param=float("inf")),

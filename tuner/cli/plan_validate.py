@@ -10,33 +10,17 @@ import json
 from pathlib import Path
 from typing import Annotated, Optional
 
-import ray
 import typer
-from sqlalchemy import Engine
 
-from db import default_url, open_database
 from tuner.cli.display import console, err_console
 from tuner.cli.plan import _user_errors, plan_app
-from tuner.plan import profiles
-from tuner.plan.hardware import GPUS, gpu_kind
-from tuner.plan.parallel import Cluster, ParallelismError, parallelisms
-from tuner.plan.profiles import ProfilesMissing, load_costs
-from tuner.plan.request import PlanRequest, RequestError
-from tuner.plan.validate import validate
-from tuner.plan.validate_report import summary_lines, tables, write_validation_report
-from tuner.train.profile_layers import ProfileError, profile_layers
-from workers.device_info import gpu_name_and_memory
-from kernels.provenance import kernel_tables, tables_key
-from tuner.train.queue import TrainRequestError
-from tuner.train.serve import connect_ray, resolve_device
-from v4.config import load_preset
-from v4.pipeline import check_microbatches
-from v4.ops import KERNEL_CHOICES
-from workers.device_info import describe_device
 
 
 def _gpu_name(device: str, gpu: str | None) -> str:
     """The planner's GPU kind for runs on ``device``: ``cpu``, ``--gpu``, or the driver's CUDA device."""
+    from tuner.plan.hardware import GPUS
+    from tuner.plan.request import RequestError
+
     if device == "cpu":
         return "cpu"
     if gpu is not None:
@@ -50,19 +34,6 @@ def _gpu_name(device: str, gpu: str | None) -> str:
     if kind is None:
         raise RequestError("gpu", f"the planner does not know {name!r}; known: {', '.join(GPUS)}")
     return kind
-
-
-def _profile(engine: Engine, model: str, seq: int, mbs: int, kernels: str, device: str) -> None:
-    """Profile ``model`` here on ``device`` at ep 1 (the training runs have no expert parallelism) and store it."""
-    config = load_preset(model)
-    gpu = device == "cuda"
-    with console.status(f"profiling {config.name}") as status:
-        costs = profile_layers(config, seq, mbs, 1, kernels, device, warmup=2 if gpu else 1, reps=5 if gpu else 3,
-                               on_piece=lambda kind: status.update(f"profiling {config.name}: {kind}"))
-    kind, memory = gpu_name_and_memory(device)
-    profiles.store_profiles(engine, costs, gpu_kind=kind, gpu_memory_bytes=memory, model=config.name, seq=seq,
-                            mbs=mbs, ep=1, kernel_tables=tables_key(kernel_tables(kernels)),
-                            toolchain=describe_device()["versions"])
 
 
 @plan_app.command("validate")
@@ -79,7 +50,7 @@ def plan_validate(
     warmup: Annotated[int, typer.Option(help="iterations left out of the measured step")] = 2,
     device: Annotated[str, typer.Option(help="auto (a GPU when the cluster has one), cpu or cuda")] = "auto",
     gpu: Annotated[Optional[str], typer.Option(help="GPU kind of a cuda run (default: this process's GPU)")] = None,
-    kernels: Annotated[str, typer.Option(help=f"one of {', '.join(KERNEL_CHOICES)}")] = "eager",
+    kernels: Annotated[str, typer.Option(help="eager (torch ops) or triton (the project's kernels)")] = "eager",
     profile: Annotated[bool, typer.Option("--profile", help="profile the layers on this device first")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON instead of tables")] = False,
     report: Annotated[Optional[Path], typer.Option(help="write an HTML report here")] = None,
@@ -87,6 +58,25 @@ def plan_validate(
         "--ray-address", envvar="RAY_ADDRESS", help="join this Ray cluster (default: start a local one)")] = None,
 ) -> None:
     """Run the plans for MODEL on GPUS ranks of this node and compare them with their predictions."""
+    import ray
+
+    from db import default_url
+    from tuner.cli.errors import open_engine
+    from tuner.cli.profile import measure_layers
+    from tuner.plan import profiles
+    from tuner.plan.hardware import gpu_kind
+    from tuner.plan.parallel import Cluster, ParallelismError, parallelisms
+    from tuner.plan.profiles import ProfilesMissing, load_costs
+    from tuner.plan.request import PlanRequest, RequestError
+    from tuner.plan.validate import validate
+    from tuner.plan.validate_report import summary_lines, tables, write_validation_report
+    from tuner.train.profile_layers import ProfileError
+    from tuner.train.queue import TrainRequestError
+    from tuner.train.serve import connect_ray, resolve_device
+    from v4.config import PresetError, load_preset
+    from v4.ops import KERNEL_CHOICES
+    from v4.pipeline import check_microbatches
+
     started = False
     try:
         with _user_errors():
@@ -106,21 +96,24 @@ def plan_validate(
                 # bad input fails before Ray starts
                 PlanRequest.parse(**fields, gpu="cpu" if device == "cpu" else gpu or "h200")
                 try:
-                    parallelisms(Cluster(1, gpus), gbs=gbs, mbs=mbs, ep=1, pp=pp,
-                                 layers=len(load_preset(model).layer_ids))
+                    config = load_preset(model)
+                except PresetError as exc:
+                    raise RequestError("model", str(exc)) from None
+                try:
+                    parallelisms(Cluster(1, gpus), gbs=gbs, mbs=mbs, ep=1, pp=pp, layers=len(config.layer_ids))
                     if pp is not None:  # torch's schedules take no fewer microbatches than stages
                         check_microbatches(gbs // (mbs * (gpus // pp)), pp, 1)
                 except ParallelismError as exc:
                     raise RequestError(exc.field, exc.reason) from None
                 except ValueError as exc:
                     raise RequestError("gbs", str(exc)) from None
-                engine = open_database(ctx.find_root().params.get("db") or default_url())
+                engine = open_engine(ctx.find_root().params.get("db") or default_url())
                 if device == "auto":  # only the cluster knows
                     started = connect_ray(ray_address)
                 resolved = resolve_device(device)
                 request = PlanRequest.parse(**fields, gpu=_gpu_name(resolved, gpu))
-                if profile:
-                    _profile(engine, model, seq, mbs, kernels, resolved)
+                if profile:  # at ep 1: the training runs have no expert parallelism
+                    measure_layers(engine, config, seq, mbs, 1, kernels, resolved)
                 try:
                     load_costs(engine, gpu_kind(request.gpu).device_name, model, seq, mbs, 1, kernels)
                 except ProfilesMissing as exc:

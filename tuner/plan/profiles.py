@@ -31,6 +31,7 @@ from db import session_scope
 from db.models import utcnow
 from db.planning import LAYER_KINDS, AlltoallProfile, LayerProfile
 from tuner.plan.costs import LayerCost, ProfiledCosts, StageExtras
+from tuner.plan.packaged import packaged_kinds, packaged_profile
 from v4.config import ModelConfig, layer_kind, load_preset
 
 EXTRA_KINDS = ("embedding", "head")
@@ -150,7 +151,7 @@ def stored_alltoall(engine: Engine, gpu_kind: str, model: str, seq: int, mbs: in
 class ProfileRow:
     """Which stored row a layer kind's costs came from (what a plan records to detect staleness)."""
 
-    id: int
+    id: int | None  # None: a packaged row (``tuner.plan.packaged``), which has no database id
     layer_kind: str
     created_at: datetime
     kernel_tables: str
@@ -167,6 +168,8 @@ class LoadedCosts:
     costs: ProfiledCosts
     rows: tuple[ProfileRow, ...]
     gpu_memory_bytes: int | None
+    source: str = "database"
+    """Where the rows came from: ``database``, or the packaged file with its provenance."""
 
     @property
     def kernel_tables(self) -> str:
@@ -213,12 +216,15 @@ def profiled_gpu_kinds(engine: Engine, model: str, seq: int, mbs: int, ep: int) 
 
 
 def load_costs(engine: Engine, gpu_kind: str, model: str, seq: int, mbs: int, ep: int,
-               kernels: str | None = None) -> LoadedCosts:
+               kernels: str | None = None, *, config: ModelConfig | None = None,
+               packaged: str | None = None) -> LoadedCosts:
     """The planner's costs of ``model`` (a preset) from the newest profiles at (gpu_kind, seq, mbs, ep).
 
     The rows come from one kernel path: ``kernels`` (triton or eager), else the Triton rows when
     they cover the model (the kernels training runs with), else the eager ones; never a mix, and
-    never the eager rows just because they were profiled later.
+    never the eager rows just because they were profiled later. When the database has no such
+    rows, the profiles shipped for GPU kind ``packaged`` (``tuner.plan.packaged``) stand in, and
+    :attr:`LoadedCosts.source` says so. ``config`` is the preset when the caller already loaded it.
 
     Every decoder layer and the MTP layer take their kind's costs; the embedding and the head
     become the stage extras. ``p2p_bytes`` is the most any stage boundary sends (after a decoder
@@ -227,22 +233,35 @@ def load_costs(engine: Engine, gpu_kind: str, model: str, seq: int, mbs: int, ep
     all-to-all of the key, None when it was not measured. Raises ProfilesMissing naming the
     missing kinds.
     """
-    config = load_preset(model)
+    config = config or load_preset(model)
     kinds = model_layer_kinds(config)
     if kernels is not None and kernels not in PLANNING_ORDER:
         raise ValueError(f"kernels: {kernels!r} is not one of {', '.join(PLANNING_ORDER)}")
+    needed = list(dict.fromkeys(kinds + list(EXTRA_KINDS)))
     by_path = newest_rows(engine, gpu_kind, model, seq, mbs, ep)
-    for path in [kernels] if kernels else PLANNING_ORDER:
+    paths = [kernels] if kernels else list(PLANNING_ORDER)
+    source, alltoall = "database", None
+    for path in paths:
         rows = by_path.get(path, {})
-        missing = [k for k in dict.fromkeys(kinds + list(EXTRA_KINDS)) if k not in rows]
+        missing = [k for k in needed if k not in rows]
         if not missing:
+            alltoall = stored_alltoall(engine, gpu_kind, model, seq, mbs, ep)
             break
+    if missing and packaged and not any(by_path.get(path) for path in paths):
+        for path in paths:
+            shipped = packaged_profile(packaged, model, seq, mbs, ep, path)
+            if shipped is not None and all(k in shipped.rows for k in needed):
+                rows, alltoall, source, missing = shipped.rows, shipped.alltoall, shipped.describe(), []
+                break
     if missing:
         have = profiled_gpu_kinds(engine, model, seq, mbs, ep)
+        shipped_kinds = packaged_kinds()
+        what = "measured profiles" if len(missing) == len(needed) else f"{', '.join(missing)} profile"
         raise ProfilesMissing(
-            f"no {', '.join(missing)} profile of {model} on {gpu_kind!r} at seq {seq}, mbs {mbs}, ep {ep}"
-            f" ({kernels or 'triton or eager'} kernels)"
-            + (f"; GPU kinds with profiles of it: {', '.join(have)}" if have else "; no GPU kind has any"))
+            f"no {what} of {model} on {gpu_kind!r} at seq {seq}, mbs {mbs}, ep {ep}"
+            f" ({kernels or 'triton or eager'} kernels) in the database"
+            + (f" or the packaged profiles (shipped for {', '.join(shipped_kinds) or 'no GPU kind'})" if packaged else "")
+            + (f"; GPU kinds with profiles of it in the database: {', '.join(have)}" if have else ""))
     moe = expert_params(config, ep)
 
     def cost(kind: str) -> LayerCost:
@@ -263,9 +282,9 @@ def load_costs(engine: Engine, gpu_kind: str, model: str, seq: int, mbs: int, ep
     p2p = max(rows[k].p2p_bytes for k in set(kinds[:-1]) | {"embedding"})
     used = tuple(ProfileRow(rows[k].id, k, rows[k].created_at, rows[k].kernel_tables)
                  for k in sorted(set(kinds) | set(EXTRA_KINDS)))
-    alltoall = stored_alltoall(engine, gpu_kind, model, seq, mbs, ep)
     if alltoall is not None:
         used += (ProfileRow(alltoall.id, ALLTOALL_KIND, alltoall.created_at, ""),)
     alltoall_ms = tuple(None if alltoall is None else alltoall.alltoall_ms for _ in kinds)
     memory = {rows[k].gpu_memory_bytes for k in rows} - {None}
-    return LoadedCosts(ProfiledCosts(layers, extras, alltoall_ms, p2p, optimizer), used, min(memory) if memory else None)
+    return LoadedCosts(ProfiledCosts(layers, extras, alltoall_ms, p2p, optimizer), used, min(memory) if memory else None,
+                       source)

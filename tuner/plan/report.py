@@ -16,6 +16,25 @@ COLOURS = {"forward": "#4c78a8", "backward": "#59a14f", "recompute": "#f28e2b",
            "weights+grads": "#4c78a8", "optimizer": "#b279a2", "activations": "#f28e2b", "buffers": "#9d9da0"}
 
 
+def compact_layout(text: str) -> str:
+    """``text`` with runs of three or more equal stages written as the layout grammar's groups, e.g.
+    ``Et*2|(t*2|)*15,t|t|mL``: the same layout, short enough for a table cell."""
+    stages = text.split("|")
+    parts, i = [], 0
+    while i < len(stages):
+        j = i
+        while j < len(stages) and stages[j] == stages[i]:
+            j += 1
+        run = j - i if j < len(stages) else j - i - 1  # the last stage stays outside a group: it ends the text
+        if run >= 3:
+            parts.append(f"({stages[i]}|)*{run},")
+            i += run
+        else:
+            parts.append(stages[i] + ("|" if i < len(stages) - 1 else ""))
+            i += 1
+    return "".join(parts)
+
+
 def _esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 

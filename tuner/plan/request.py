@@ -4,10 +4,14 @@ the last stored plan of the same request, store the new one.
 The steps, in order:
 
 1. the request is validated (:class:`PlanRequest`; errors name the field);
-2. the costs come from the profiles of the GPU kind planned for, or of ``profiles_from`` with every
-   time scaled by ``scale_time`` (then every output says so);
+2. the costs come from the profiles of the GPU kind planned for (the database's, else the packaged
+   ones), or of ``profiles_from`` with every time scaled by ``scale_time`` (then every output marks
+   the plan borrowed);
 3. every (pp, vpp) the cluster allows (``parallel.parallelisms``) becomes an iteration model, and
    one search over all of them returns the best plans and a proven lower bound;
+   Steps 1-3 happen once per request in :func:`resolve`, into the :class:`Resolved` object that
+   the search, the report and the staleness check read (a node sweep resolves once and re-derives
+   only the candidates per node count);
 4. the newest stored plan of the same request is stale when the profile rows or kernel tables it
    was computed from are no longer the newest, or when the target's tuned table has changed since
    the profiles were measured;
@@ -19,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,12 +35,11 @@ from db.planning import StoredPlan
 from tuner.plan.costs import Calibration, MemoryModel, ProfiledCosts
 from tuner.plan.hardware import GpuKind, UnknownGpu, gpu_kind
 from tuner.plan.iteration import IterationModel, Plan, PlanInputs
-from v4.layout import megatron_recompute
 from tuner.plan.parallel import Cluster, Parallelism, ParallelismError, parallelisms
 from tuner.plan.profiles import LoadedCosts, ProfilesMissing, load_costs
 from tuner.plan.search import SearchResult, search
-from kernels.provenance import kernel_tables, tables_key
-from v4.config import PresetError, load_preset
+from v4.config import ModelConfig, PresetError, load_preset
+from v4.layout import megatron_recompute
 
 DEFAULT_TOLERANCE = 0.002  # prune what cannot beat the best plans by more than 0.2 %
 SEARCH_NODES = 4_000  # partial splits expanded per request, shared by its (pp, vpp): a V4-Flash request in seconds
@@ -96,10 +100,6 @@ class PlanRequest(BaseModel):
                     gpu_kind(name)
                 except UnknownGpu as exc:
                     raise RequestError(field, str(exc)) from None
-        try:
-            load_preset(request.model)
-        except PresetError as exc:
-            raise RequestError("model", str(exc)) from None
         return request
 
     def key(self) -> str:
@@ -109,32 +109,41 @@ class PlanRequest(BaseModel):
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """A planned request: the plans, where their costs came from, staleness, and the stored row."""
+class Resolved:
+    """A request resolved once: the model preset, the GPU kinds, the (pp, vpp) candidates, the costs
+    with their source, the capacity and the calibration. The search, the report, the stored plan
+    and the staleness check all read this one object; nothing downstream loads a preset or a
+    profile again.
+
+    ``candidates`` is empty, with ``unplannable`` saying why, when the cluster cannot run the
+    request at all (a node sweep shows that as its row instead of stopping).
+    """
 
     request: PlanRequest
+    config: ModelConfig
     gpu: GpuKind
     source: GpuKind
+    candidates: tuple[Parallelism, ...]
+    unplannable: RequestError | None
+    loaded: LoadedCosts
+    costs: ProfiledCosts
     capacity_bytes: float
     capacity_measured: bool
-    loaded: LoadedCosts
-    calibration: Calibration
-    result: SearchResult
     flops_per_token: float
-    stale: tuple[str, ...]
-    plan_id: int
+    calibration: Calibration
 
     @property
-    def plans(self) -> tuple[Plan, ...]:
-        return self.result.plans
+    def borrowed(self) -> bool:
+        """Whether the costs are another GPU kind's profiles (``--profiles-from``)."""
+        return self.source != self.gpu
 
     @property
     def label(self) -> str | None:
         """How the costs were obtained when not from the GPU's own profiles (shown with every output)."""
-        if self.source == self.gpu:
+        if not self.borrowed:
             return None
-        return (f"planned for {self.gpu.name} from {self.source.name} profiles with times scaled by "
-                f"{self.request.scale_time or 1.0:g}")
+        return (f"BORROWED: planned for {self.gpu.name} from {self.source.name} profiles with times scaled by "
+                f"{self.request.scale_time or 1.0:g} and the {self.gpu.name} datasheet memory")
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -150,6 +159,101 @@ class Outcome:
                 f"{self.source.device_name!r} at seq {r.seq}, mbs {r.mbs}, ep {r.ep}, so every MoE layer's "
                 f"dispatch + combine counts as 0 ms; measure it on one node with `tuner profile alltoall "
                 f"--model {r.model} --seq {r.seq} --mbs {r.mbs} --ep {r.ep}`",)
+
+    def for_nodes(self, nodes: int) -> Resolved:
+        """The same request on ``nodes`` nodes: only the candidates change (the costs are reused)."""
+        request = self.request.model_copy(update={"nodes": nodes})
+        candidates, problem = _candidates(request, self.config)
+        return dataclasses.replace(self, request=request, candidates=candidates, unplannable=problem)
+
+    def models(self) -> list[IterationModel]:
+        """One iteration model per candidate (pp, vpp). Raises the request's RequestError when there is none."""
+        if self.unplannable is not None:
+            raise self.unplannable
+        try:
+            return [IterationModel.from_profiles(PlanInputs(self.costs, par, self.capacity_bytes), self.calibration)
+                    for par in self.candidates]
+        except ValueError as exc:  # profiles that cannot price this parallelism (e.g. EP across nodes)
+            raise RequestError("ep", str(exc)) from None
+
+
+def training_flops(config: ModelConfig, seq: int) -> float:
+    """Model FLOPs per trained token (``v4.flops``; recompute not counted)."""
+    from v4.flops import model_flops  # imports torch, so only when a request does not give the figure
+
+    return model_flops(config, seq).training
+
+
+def _candidates(request: PlanRequest, config: ModelConfig) -> tuple[tuple[Parallelism, ...], RequestError | None]:
+    try:
+        return tuple(parallelisms(Cluster(request.nodes, request.gpus_per_node), gbs=request.gbs, mbs=request.mbs,
+                                  ep=request.ep, layers=config.layers + config.mtp_layers, pp=request.pp,
+                                  vpp=request.vpp)), None
+    except ParallelismError as exc:
+        return (), RequestError(exc.field, exc.reason)
+
+
+def resolve(engine: Engine, request: PlanRequest, calibration: Calibration | None = None, *,
+            sweep: bool = False) -> Resolved:
+    """Load the preset and the profiles of ``request`` once (see :class:`Resolved`).
+
+    The profiles are the database's rows for the GPU kind planned for (or ``profiles_from``), else
+    the packaged ones of that kind. Raises RequestError for an unknown model or, unless ``sweep``
+    (other node counts may work), for a cluster that cannot run the request; ProfilesMissing, with
+    what to do, when neither the database nor the package has the profiles.
+    """
+    try:
+        config = load_preset(request.model)
+    except PresetError as exc:
+        raise RequestError("model", str(exc)) from None
+    candidates, problem = _candidates(request, config)
+    if problem is not None and not sweep:
+        raise problem
+    gpu = gpu_kind(request.gpu)
+    source = gpu_kind(request.profiles_from) if request.profiles_from else gpu
+    try:
+        loaded = load_costs(engine, source.device_name, request.model, request.seq, request.mbs, request.ep,
+                            request.kernels, config=config, packaged=source.name)
+    except ProfilesMissing as exc:
+        measure = (f"measure them on a {source.name} with `tuner profile layers --model {request.model} --seq "
+                   f"{request.seq} --mbs {request.mbs} --ep {request.ep} --kernels triton`")
+        advice = measure if source != gpu else (
+            f"{measure}, or plan from another GPU kind's profiles with --profiles-from KIND [--scale-time F] "
+            f"(the output is then marked borrowed)")
+        raise ProfilesMissing(f"{gpu.name}: {exc}; {advice}") from None
+    costs = loaded.costs.scaled(request.scale_time) if request.scale_time else loaded.costs
+    measured = source == gpu and loaded.gpu_memory_bytes is not None
+    capacity = float(loaded.gpu_memory_bytes if measured else gpu.memory_bytes)
+    flops = request.flops_per_token or training_flops(config, request.seq)
+    return Resolved(request, config, gpu, source, candidates, problem, loaded, costs, capacity, measured, flops,
+                    calibration or Calibration())
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A planned request: the resolved request, the plans, staleness, the stored row and the CPU time it took."""
+
+    resolved: Resolved
+    result: SearchResult
+    stale: tuple[str, ...]
+    plan_id: int
+    cpu_s: float = 0.0
+
+    # what the report, the CLI and the validation read, all from the one resolved request
+    request = property(lambda self: self.resolved.request)
+    gpu = property(lambda self: self.resolved.gpu)
+    source = property(lambda self: self.resolved.source)
+    capacity_bytes = property(lambda self: self.resolved.capacity_bytes)
+    capacity_measured = property(lambda self: self.resolved.capacity_measured)
+    loaded = property(lambda self: self.resolved.loaded)
+    calibration = property(lambda self: self.resolved.calibration)
+    flops_per_token = property(lambda self: self.resolved.flops_per_token)
+    label = property(lambda self: self.resolved.label)
+    warnings = property(lambda self: self.resolved.warnings)
+
+    @property
+    def plans(self) -> tuple[Plan, ...]:
+        return self.result.plans
 
     def tokens_per_s_per_gpu(self, plan: Plan) -> float:
         r = self.request
@@ -181,10 +285,12 @@ class Outcome:
     def to_dict(self) -> dict[str, Any]:
         return {
             "plan_id": self.plan_id, "request": self.request.model_dump(), "label": self.label,
-            "gpu": self.gpu.name, "profiles_from": self.source.name, "capacity_bytes": self.capacity_bytes,
+            "borrowed": self.resolved.borrowed,
+            "gpu": self.gpu.name, "profiles_from": self.source.name, "profiles_source": self.loaded.source,
+            "capacity_bytes": self.capacity_bytes,
             "capacity_measured": self.capacity_measured, "flops_per_token": self.flops_per_token,
             "lower_bound_ms": self.result.lower_bound_ms, "gap": self.result.gap,
-            "splits_simulated": self.result.leaves,
+            "splits_simulated": self.result.leaves, "planning_cpu_s": self.cpu_s,
             "plans": [self.plan_dict(p) for p in self.plans], "stale": list(self.stale),
             "warnings": list(self.warnings),
             "kernel_tables": self.loaded.kernel_tables, "profile_rows": [r.to_dict() for r in self.loaded.rows],
@@ -192,62 +298,22 @@ class Outcome:
         }
 
 
-def default_flops_per_token(model: str, seq: int) -> float:
-    """Model FLOPs per trained token from the preset (``v4.flops``; recompute not counted)."""
-    from v4.flops import model_flops
-
-    return model_flops(load_preset(model), seq).training
-
-
-def request_parallelisms(request: PlanRequest) -> list[Parallelism]:
-    """The (pp, vpp) candidates of ``request``; RequestError naming the field when there are none."""
-    config = load_preset(request.model)
-    try:
-        return parallelisms(Cluster(request.nodes, request.gpus_per_node), gbs=request.gbs, mbs=request.mbs,
-                            ep=request.ep, layers=config.layers + config.mtp_layers, pp=request.pp, vpp=request.vpp)
-    except ParallelismError as exc:
-        raise RequestError(exc.field, exc.reason) from None
-
-
-def request_costs(engine: Engine, request: PlanRequest) -> tuple[LoadedCosts, ProfiledCosts, float, bool]:
-    """The profiles ``request`` plans from, its costs (scaled by ``scale_time``), the GPU capacity in
-    bytes, and whether that capacity was measured on the profiled GPU (else the GPU kind's datasheet)."""
-    gpu = gpu_kind(request.gpu)
-    source = gpu_kind(request.profiles_from) if request.profiles_from else gpu
-    try:
-        loaded = load_costs(engine, source.device_name, request.model, request.seq, request.mbs, request.ep,
-                            request.kernels)
-    except ProfilesMissing as exc:
-        advice = ("profile it on that GPU (tuner profile layers ...)" if source != gpu else
-                  "profile it (tuner profile layers ...), or plan from another kind's profiles with "
-                  "--profiles-from KIND --scale-time F")
-        raise ProfilesMissing(f"{exc}; {advice}") from None
-    costs = loaded.costs.scaled(request.scale_time) if request.scale_time else loaded.costs
-    measured = source == gpu and loaded.gpu_memory_bytes is not None
-    return loaded, costs, float(loaded.gpu_memory_bytes if measured else gpu.memory_bytes), measured
-
-
-def plan_request(engine: Engine, request: PlanRequest, calibration: Calibration | None = None, *,
+def plan_request(engine: Engine, request: PlanRequest | Resolved, calibration: Calibration | None = None, *,
                  tolerance: float = DEFAULT_TOLERANCE, nodes: int | None = SEARCH_NODES) -> Outcome:
     """Plan ``request`` (see the module doc). Raises RequestError, ProfilesMissing or NoPlanFits.
 
-    ``nodes`` caps the search (None: exhaustive), split evenly over the (pp, vpp) candidates
-    with at least 100 each; the outcome's gap says how close to optimal that got.
+    ``request`` may be already resolved (a node sweep resolves once); ``calibration`` applies to
+    an unresolved one. ``nodes`` caps the search (None: exhaustive), split evenly over the
+    (pp, vpp) candidates with at least 100 each; the outcome's gap says how close to optimal
+    that got. ``cpu_s`` of the outcome is the CPU time of resolving and searching.
     """
-    calibration = calibration or Calibration()
-    gpu = gpu_kind(request.gpu)
-    source = gpu_kind(request.profiles_from) if request.profiles_from else gpu
-    candidates = request_parallelisms(request)
-    loaded, costs, capacity, measured = request_costs(engine, request)
-    try:
-        models = [IterationModel.from_profiles(PlanInputs(costs, par, capacity), calibration) for par in candidates]
-    except ValueError as exc:  # profiles that cannot price this parallelism (e.g. EP across nodes)
-        raise RequestError("ep", str(exc)) from None
+    start = time.process_time()
+    resolved = request if isinstance(request, Resolved) else resolve(engine, request, calibration)
+    models = resolved.models()
     per_model = None if nodes is None else max(100, nodes // len(models))
-    result = search(models, keep=request.top, tolerance=tolerance, max_nodes=per_model)
-    flops = request.flops_per_token or default_flops_per_token(request.model, request.seq)
-    stale = staleness(engine, request, loaded)
-    outcome = Outcome(request, gpu, source, capacity, measured, loaded, calibration, result, flops, stale, 0)
+    result = search(models, keep=resolved.request.top, tolerance=tolerance, max_nodes=per_model)
+    cpu_s = time.process_time() - start
+    outcome = Outcome(resolved, result, staleness(engine, resolved), 0, cpu_s)
     return dataclasses.replace(outcome, plan_id=_store(engine, outcome))
 
 
@@ -256,11 +322,14 @@ def current_tables_key(profile_key: str) -> str | None:
     kernels, _, rest = profile_key.partition(":")
     if kernels != "triton" or not rest:
         return None
+    from kernels.provenance import kernel_tables, tables_key  # imports torch (kernels.arch)
+
     return tables_key(kernel_tables("triton", rest.split(":")[0]))
 
 
-def staleness(engine: Engine, request: PlanRequest, loaded: LoadedCosts) -> tuple[str, ...]:
+def staleness(engine: Engine, resolved: Resolved) -> tuple[str, ...]:
     """Why the last stored plan of this request, or the profiles themselves, are out of date (empty: they are not)."""
+    request, loaded = resolved.request, resolved.loaded
     notes = []
     now = {row.layer_kind: row for row in loaded.rows}
     with session_scope(engine) as session:
