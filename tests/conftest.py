@@ -62,7 +62,7 @@ def db_url(db_backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> s
 
     base = request.config.getoption("--postgres-url")
     name = f"tuner_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    admin = create_engine(base, isolation_level="AUTOCOMMIT", pool_pre_ping=True)  # a test restarts the server
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     yield base.rsplit("/", 1)[0] + "/" + name
@@ -78,7 +78,7 @@ def local_ray():
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # not a Ray the machine runs
     yield
     ray.shutdown()
 
