@@ -12,8 +12,8 @@ The entries of query s (positions in this order; the kernels walk them in ``TILE
 * HCA (``compress_ratio`` 128): every ``kv_compressed[t]`` with ``t < (s + 1) // 128``, counted
   from s in the kernel (no index tensor); any other ratio above 0 except 4 pools the same way
   (the ``tiny`` proxy preset's HCA layers use 16);
-* CSA (``compress_ratio`` 4): ``kv_compressed[indices[s, k]]`` for the indexer's top-k, -1 = padding (a
-  query's picks end at its first -1, as the indexer writes them).
+* CSA (``compress_ratio`` 4): ``kv_compressed[indices[s, k]]`` for every slot k of the indexer's
+  top-k, -1 = padding wherever it stands (V4's public semantics; see ``sparse_attention``).
 
 Forward (``sparse_attn_fwd``): one program per (query, block of ``BLOCK_H`` heads). Each gathered
 ``[TILE_K, 512]`` entry tile is loaded once for the block's heads: logits = Q @ E^T on tensor cores,
@@ -90,6 +90,7 @@ import triton.language as tl
 
 from kernels import sparse_attention_sm90
 from kernels.arch import INTERPRETER_ARCH, current_arch
+from kernels.contracts import check_range, check_same_device
 from kernels.host_math import cdiv, next_pow2
 from kernels.launch import check_gluon, launch
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
@@ -124,17 +125,21 @@ _INT32_BYTES = 4
 
 
 @triton.jit
-def _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO: tl.constexpr, TOPK_BLOCK: tl.constexpr):
-    """Entry positions of query s: its window, then its compressed slots. CSA reads at most the
-    first ``min(TOPK, (s + 1) // 4)`` slots, where the indexer puts its picks (the causal most
-    there are), and a query's picks end at its first -1: the rest of its row is padding. Counting
-    them once here lets every tile test its entries by position alone."""
+def _is_pick(t, SC):
+    """Which CSA slots hold a pick: a compressed row id; -1 (or any id outside ``[0, SC)``) is padding."""
+    return (t >= 0) & (t < SC)
+
+
+@triton.jit
+def _entry_count(idx_ptr, b, s, S, SC, TOPK, WINDOW, RATIO: tl.constexpr, TOPK_BLOCK: tl.constexpr):
+    """Entry positions of query s: its window, then its compressed slots. CSA walks its row up to
+    its last pick: padding before it is skipped slot by slot (``_gather_entries``), padding after
+    it costs nothing, so the indexer's layout (picks first, -1 after) walks its picks alone."""
     n = tl.minimum(s + 1, WINDOW)
     if RATIO == _CSA:
-        n_read = tl.minimum(TOPK, (s + 1) // RATIO)
         slots = tl.arange(0, TOPK_BLOCK)
-        picks = tl.load(idx_ptr + (b * S + s).to(tl.int64) * TOPK + slots, mask=slots < n_read, other=-1)
-        n += tl.min(tl.where((picks < 0) & (slots < n_read), slots, n_read), axis=0)
+        picks = tl.load(idx_ptr + (b * S + s).to(tl.int64) * TOPK + slots, mask=slots < TOPK, other=-1)
+        n += tl.max(tl.where(_is_pick(picks, SC), slots + 1, 0), axis=0)
     elif RATIO != 0:
         n += (s + 1) // RATIO
     return n
@@ -147,18 +152,21 @@ def _gather_entries(kv_ptr, kvc_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv
 
     Returns it with its row mask and each row's destination in the entry-gradient buffer (kv rows,
     then ``kv_rows`` on the compressed rows; -1 when masked). Each row picks its pointer from kv
-    (window positions) or kv_compressed, so a tile may mix both. A masked row reads the query's
-    own kv row rather than nothing: the loads need no predicate, and the callers mask its logits.
+    (window positions) or kv_compressed, so a tile may mix both. A masked row (a position past
+    ``p_end``, a CSA slot of padding) reads the query's own kv row rather than nothing: the loads
+    need no predicate, and the callers mask its logits.
     """
     n_win = tl.minimum(s + 1, WINDOW)
-    valid = pos < p_end
-    in_win = valid & (pos < n_win)
-    in_comp = valid & (pos >= n_win)
+    in_range = pos < p_end
+    in_win = in_range & (pos < n_win)
+    in_comp = in_range & (pos >= n_win)
     c = pos - n_win
     if RATIO == _CSA:
-        t = tl.load(idx_ptr + (b * S + s).to(tl.int64) * TOPK + c, mask=in_comp, other=0)
+        t = tl.load(idx_ptr + (b * S + s).to(tl.int64) * TOPK + c, mask=in_comp, other=-1)
+        in_comp = in_comp & _is_pick(t, SC)
     else:
         t = c
+    valid = in_win | in_comp
     kv_row = (b * S + tl.where(in_win, s + 1 - n_win + pos, s)).to(tl.int64)
     c_row = (b * SC + t).to(tl.int64)
     ptrs = tl.where(in_comp[:, None], kvc_ptr + c_row[:, None] * _D, kv_ptr + kv_row[:, None] * _D)
@@ -285,7 +293,7 @@ def _sparse_attn_fwd_kernel(
     # UNCHAINED's scratch: the program's own o rows, written only at the end (see _attend_tile).
     p_scratch = o_ptr + ((b * S + s).to(tl.int64) * H + tl.program_id(1) * BLOCK_H) * _D
     alpha_scratch = (p_scratch + 2 * BLOCK_H * TILE_K).to(tl.pointer_type(tl.float32))
-    n_pos = _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO, TOPK_BLOCK)
+    n_pos = _entry_count(idx_ptr, b, s, S, SC, TOPK, WINDOW, RATIO, TOPK_BLOCK)
     # With a TAIL_K tile, the TILE_K tiles stop where at most TAIL_K positions remain, and one
     # TAIL_K tile takes those: a query's last partial tile is then at most TAIL_K wide.
     n_main = tl.maximum(n_pos - TAIL_K, 0) if TAIL_K > 0 else n_pos
@@ -352,7 +360,7 @@ def _sparse_attn_bwd_kernel(
     cols_t = tl.arange(0, _D)[:, None]
     dq = tl.zeros([BLOCK_H, _D], dtype=tl.float32)
     scratch = dq_ptr + ((b * S + s).to(tl.int64) * H + hb * BLOCK_H) * _D  # UNCHAINED's, two halves of 2 tiles
-    n_pos = tl.minimum(p_end, _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO, TOPK_BLOCK))
+    n_pos = tl.minimum(p_end, _entry_count(idx_ptr, b, s, S, SC, TOPK, WINDOW, RATIO, TOPK_BLOCK))
     for p0 in range(p_begin, n_pos, TILE_K):
         pos = p0 + tl.arange(0, TILE_K)
         e, valid, dest = _gather_entries(kv_ptr, kvc_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv_rows,
@@ -395,6 +403,18 @@ def _sparse_attn_bwd_kernel(
     if ACC_DQ:
         dq += tl.load(dq_ptr + offsets, mask=h_mask[:, None], other=0.0)
     tl.store(dq_ptr + offsets, dq.to(dq_ptr.dtype.element_ty), mask=h_mask[:, None])
+
+
+@triton.jit
+def _compact_picks_kernel(idx_ptr, out_ptr, SC, TOPK, TOPK_BLOCK: tl.constexpr):
+    """Index row ``program_id(0)`` of ``idx [rows, TOPK]`` into ``out``: its picks first, in their
+    order, then -1 (padding and ids outside ``[0, SC)`` dropped)."""
+    row = tl.program_id(0).to(tl.int64) * TOPK
+    slots = tl.arange(0, TOPK_BLOCK)
+    t = tl.load(idx_ptr + row + slots, mask=slots < TOPK, other=-1)
+    pick = _is_pick(t, SC)
+    tl.store(out_ptr + row + tl.cumsum(pick.to(tl.int32), axis=0) - 1, t, mask=pick)
+    tl.store(out_ptr + row + slots, -1, mask=(slots >= tl.sum(pick.to(tl.int32), axis=0)) & (slots < TOPK))
 
 
 @triton.jit
@@ -468,7 +488,8 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
     lse = torch.empty(batch, seq, heads, dtype=torch.float32, device=q.device)
     if config.get("GLUON"):
         check_gluon("the forward", sparse_attention_sm90.fits(config, heads))
-        sparse_attention_sm90.launch_forward(q, kv, kv if kvc is None else kvc, kv if indices is None else indices,
+        picks = kv if indices is None else _compact_picks(indices, n_comp, compile_only)
+        sparse_attention_sm90.launch_forward(q, kv, kv if kvc is None else kvc, picks,
                                              sink, o, lse, n_comp, topk, ratio, window, SOFTMAX_SCALE * _LOG2E,
                                              config["GLUON"], bool(config.get("LATE_FIRST")), compile_only)
         return o, lse
@@ -484,6 +505,18 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
         compile_only,
     )
     return o, lse
+
+
+def _compact_picks(indices: Tensor, n_comp: int, compile_only: bool = False) -> Tensor:
+    """CSA rows ``[B, S, topk]`` with each row's picks first and -1 after: the same entries, so the
+    same attention, in the layout the Gluon forward reads (see ``kernels.sparse_attention_sm90``).
+    One pass over the rows (8 MiB at Flash's 4,096 x 512), against a forward that reads 2 GiB of
+    gathered entries."""
+    out = torch.empty_like(indices)
+    batch, seq, topk = indices.shape
+    launch(_compact_picks_kernel, (batch * seq,), (indices, out, n_comp, topk),
+           {"TOPK_BLOCK": next_pow2(max(topk, 1))}, {"num_warps": 4}, compile_only)
+    return out
 
 
 def _backward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, sink: Tensor, o: Tensor,
@@ -560,7 +593,8 @@ def _reference_entries(ratio: int, seq: int, window: int, n_comp: int, indices: 
     """Per query, the rows of ``cat([kv, kv_compressed])`` it attends and which are real: ``[B|1, S, P]``.
 
     Straight from the definitions: window offsets 0..window-1 back from s, then every compressed
-    entry with its causal test (HCA) or the indexer's picks up to the first -1 (CSA).
+    entry with its causal test (HCA) or every slot of the query's index row (CSA), a slot outside
+    ``[0, n_comp)`` (-1) being padding on its own, a pick listed twice attended twice.
     """
     s = torch.arange(seq, device=device)[:, None]
     back = s - torch.arange(window, device=device)[None, :]
@@ -571,8 +605,8 @@ def _reference_entries(ratio: int, seq: int, window: int, n_comp: int, indices: 
         valid.append(t < (s + 1) // ratio)
     rows_t, valid_t = torch.cat(rows, 1)[None], torch.cat(valid, 1)[None]
     if ratio == CSA_RATIO:
-        rows_t = torch.cat([rows_t.expand(indices.shape[0], -1, -1), seq + indices.long().clamp(min=0)], 2)
-        picks = (indices >= 0).cumprod(2).bool()  # a query's picks end at its first -1
+        picks = (indices >= 0) & (indices < n_comp)
+        rows_t = torch.cat([rows_t.expand(indices.shape[0], -1, -1), torch.where(picks, seq + indices.long(), 0)], 2)
         valid_t = torch.cat([valid_t.expand(indices.shape[0], -1, -1), picks], 2)
     return rows_t, valid_t
 
@@ -645,14 +679,15 @@ def sparse_attention_reference(q: Tensor, kv: Tensor, sink: Tensor, compress_rat
 
 def _check_shapes(q: Tensor, kv: Tensor, sink: Tensor, ratio: int, kvc: Tensor | None, indices: Tensor | None,
                   window: int) -> None:
-    """ValueError naming the first argument whose shape (or the ratio, window) does not fit the others."""
+    """ValueError naming the first argument whose shape (or the ratio, window, index values) does not
+    fit the others: the contract of ``sparse_attention`` and its reference alike."""
     if q.dim() != 4 or q.shape[-1] != LATENT_DIM:
         raise ValueError(f"q must be [B, S, H, {LATENT_DIM}], got {list(q.shape)}")
     batch, seq, heads, _ = q.shape
     if not isinstance(ratio, int) or ratio < 0:
         raise ValueError(f"compress_ratio must be 0 (window), 4 (CSA) or another positive ratio (HCA), got {ratio!r}")
-    if window < 1:
-        raise ValueError(f"window must be at least 1, got {window}")
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an int of at least 1, got {window!r}")
     expected = {"kv": (kv, [batch, seq, LATENT_DIM]), "sink": (sink, [heads])}
     if ratio:
         if kvc is None:
@@ -671,6 +706,8 @@ def _check_shapes(q: Tensor, kv: Tensor, sink: Tensor, ratio: int, kvc: Tensor |
     for name, (tensor, shape) in expected.items():
         if list(tensor.shape) != shape:
             raise ValueError(f"{name} must be {shape} for q {list(q.shape)}, got {list(tensor.shape)}")
+    if indices is not None:
+        check_range("indices", indices, -1, seq // CSA_RATIO, "-1 (padding) or rows of kv_compressed")
 
 
 def _check_dtypes(q: Tensor, kv: Tensor, sink: Tensor, kvc: Tensor | None) -> None:
@@ -708,17 +745,29 @@ class _SparseAttention(torch.autograd.Function):
 def sparse_attention(q: Tensor, kv: Tensor, sink: Tensor, compress_ratio: int,
                      kv_compressed: Tensor | None = None, indices: Tensor | None = None,
                      window: int = DEFAULT_WINDOW) -> Tensor:
-    """``o [B, S, H, 512]`` bf16 of V4's window (ratio 0), CSA (4) or HCA (128) attention with a sink.
+    """``o [B, S, H, 512]`` bf16 of V4's window (ratio 0), CSA (4) or HCA (other ratios > 0) attention with a sink.
 
-    ``q [B, S, H, 512]`` and ``kv [B, S, 512]`` bf16 (kv is key and value), ``sink [H]`` fp32;
-    HCA and CSA also take ``kv_compressed [B, S // ratio, 512]`` bf16, CSA the indexer's
-    ``indices [B, S, topk]`` int32 (-1 = padding; causal: ``t < (s + 1) // 4``; the picks of query
-    s in its first ``min(topk, (s + 1) // 4)`` slots, as the indexer writes them: later slots are
-    not read. Not checked, since checking would sync with the host). Differentiable in q, kv,
-    sink and kv_compressed. Launch parameters come from ``kernels.tuning.resolve``.
+    Contract (``kernels.contracts`` says when value checks run):
+
+    * ``q [B, S, H, 512]`` and ``kv [B, S, 512]`` bf16 (kv is key and value), ``sink [H]`` fp32;
+      HCA and CSA also take ``kv_compressed [B, S // ratio, 512]`` bf16 (a trailing partial
+      group has no row). All on one device; any strides (copied to contiguous).
+    * ``window >= 1``: query s attends ``kv[max(0, s - window + 1) .. s]``.
+    * CSA's ``indices [B, S, topk]`` int32 (any topk >= 0): each slot names one compressed row
+      ``0 <= t < S // 4`` that query s attends, or is -1 (padding). As in V4's public reference,
+      each -1 is skipped on its own, wherever it stands, and every slot is read (a pick listed
+      twice counts twice). Picks are not tested for causality (``t < (s + 1) // 4``): the caller's
+      indexer owns that, as the project's does. A value outside ``[-1, S // 4)`` is refused where
+      values are checked; unchecked, the kernel skips it as padding (it never reads out of
+      bounds). Cost: a query walks its row up to its last pick, so the indexer's layout (picks
+      first, -1 after) costs its picks alone, and padding between picks costs a masked slot each.
+
+    Differentiable in q, kv, sink and kv_compressed. Launch parameters come from
+    ``kernels.tuning.resolve``.
     """
     _check_shapes(q, kv, sink, compress_ratio, kv_compressed, indices, window)
     _check_dtypes(q, kv, sink, kv_compressed)
+    check_same_device(q=q, kv=kv, sink=sink, kv_compressed=kv_compressed, indices=indices)
     contiguous = [None if t is None else t.contiguous() for t in (q, kv, sink, kv_compressed, indices)]
     return _SparseAttention.apply(*contiguous, compress_ratio, window)
 

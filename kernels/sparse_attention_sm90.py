@@ -18,6 +18,10 @@ hides each query's start and end behind its neighbours' tiles; 6 overlaps only a
 
 Same math, inputs and outputs as the Triton forward (the sink and window folded in, the
 natural-log LSE saved for the backward); one fixed tiling: 64 heads, 64 entries a tile, 8 warps.
+CSA rows come compacted (``kernels.sparse_attention._compact_picks``: each row's picks first, -1
+after), so a query's picks end at its first -1 here; masking padding slot by slot in the logits'
+layout took 3-6 more registers a thread in modes 2, 4 and 6 (255 in mode 6) and crashed ptxas in
+mode 3 (offline sm_90, Triton 3.6).
 Gluon has no interpreter mode, so this form runs on sm_90 GPUs only; its parity tests run there.
 """
 
@@ -100,23 +104,21 @@ def _issue_gather(buffer, kv_ptr, kvc_ptr, idx_ptr, p0, s, b, S, SC, TOPK, WINDO
 
 @gluon.jit
 def _read_picks(idx_ptr, b, s, S, TOPK, RATIO: gl.constexpr, TOPK_BLOCK: gl.constexpr, slots_layout: gl.constexpr):
-    """CSA query s's picks that it may read (-1 past them), loaded apart from ``_entry_count`` so
-    that a kernel can read them ahead of the count."""
-    n_read = gl.minimum(TOPK, (s + 1) // RATIO)
+    """CSA query s's compacted index row (-1 past TOPK), loaded apart from ``_entry_count`` so
+    that a kernel can read it ahead of the count."""
     slots = gl.arange(0, TOPK_BLOCK, layout=slots_layout)
-    return gl.load(idx_ptr + (b * S + s).to(gl.int64) * TOPK + slots, mask=slots < n_read, other=-1)
+    return gl.load(idx_ptr + (b * S + s).to(gl.int64) * TOPK + slots, mask=slots < TOPK, other=-1)
 
 
 @gluon.jit
 def _entry_count(s, TOPK, WINDOW, picks, RATIO: gl.constexpr, TOPK_BLOCK: gl.constexpr, slots_layout: gl.constexpr):
     """Entry positions of query s (as ``kernels.sparse_attention._entry_count``): its window, then
-    its compressed slots up to the first -1 of its ``picks`` (CSA; ``_read_picks``, else unused)
-    or every closed group (HCA)."""
+    its compressed slots up to the first -1 of its compacted row ``picks`` (CSA; ``_read_picks``,
+    else unused) or every closed group (HCA)."""
     n = gl.minimum(s + 1, WINDOW)
     if RATIO == _CSA_RATIO:
-        n_read = gl.minimum(TOPK, (s + 1) // RATIO)
         slots = gl.arange(0, TOPK_BLOCK, layout=slots_layout)
-        n += gl.min(gl.where((picks < 0) & (slots < n_read), slots, n_read), axis=0)
+        n += gl.min(gl.where(picks < 0, slots, TOPK), axis=0)
     elif RATIO != 0:
         n += (s + 1) // RATIO
     return n
@@ -125,10 +127,10 @@ def _entry_count(s, TOPK, WINDOW, picks, RATIO: gl.constexpr, TOPK_BLOCK: gl.con
 @gluon.jit
 def _entry_bound(s, TOPK, WINDOW, RATIO: gl.constexpr):
     """At least query s's entry count (``_entry_count``) without reading its picks: every slot
-    it may read counted, up to the first -1 pick or not."""
+    counted, up to the first -1 pick or not."""
     n = gl.minimum(s + 1, WINDOW)
     if RATIO == _CSA_RATIO:
-        n += gl.minimum(TOPK, (s + 1) // RATIO)
+        n += TOPK
     elif RATIO != 0:
         n += (s + 1) // RATIO
     return n

@@ -12,6 +12,7 @@ from kernels.arch import kernel_device
 from kernels.sparse_attention import sparse_attention as attend
 from kernels.sparse_attention import sparse_attention_reference
 from search_spaces import load_space
+from v4 import attention_ops
 from tests.kernel_checks import (assert_config_matches_reference, assert_defaults_fit_space, assert_seeded_random_inputs, spy_on_resolve)
 
 DEVICE = kernel_device()
@@ -34,27 +35,59 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, tol: float = 3e-2) -> N
     assert excess.max() <= 0, f"{int((excess > 0).sum())} of {excess.numel()} elements off by up to {excess.max():.3g}"
 
 
-def _problem(batch: int, seq: int, heads: int, ratio: int, topk: int, window: int, seed: int) -> dict:
+def _problem(batch: int, seq: int, heads: int, ratio: int, topk: int, window: int, seed: int,
+             scattered: bool = False) -> dict:
+    """Registered inputs and a dO; with ``scattered``, CSA rows in ``_scattered`` layouts."""
     shape = {"batch": batch, "seq": seq, "heads": heads, "ratio": ratio, "topk": topk, "window": window}
     inputs = registry.get("sparse_attn_fwd").make_inputs(shape, DEVICE, seed)
     gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
     inputs["do"] = torch.randn(inputs["q"].shape, generator=gen, device=DEVICE).to(torch.bfloat16)
+    if scattered:
+        inputs["indices"] = _scattered(inputs["indices"], seed)
     return inputs
+
+
+def _shuffled(indices: torch.Tensor, seed: int) -> torch.Tensor:
+    """Each row's slots in a random order."""
+    gen = torch.Generator(device=indices.device).manual_seed(seed)
+    return indices.gather(-1, torch.rand(indices.shape, generator=gen, device=indices.device).argsort(-1))
+
+
+def _scattered(indices: torch.Tensor, seed: int) -> torch.Tensor:
+    """The indexer's rows ``_shuffled``, each row's last slot copied into its first: -1 padding
+    between picks, picks past slot ``min(topk, (s + 1) // 4)`` and picks listed twice, all of
+    which V4's public semantics allow (each slot one entry, each -1 skipped alone)."""
+    rows = _shuffled(indices, seed)
+    rows[..., 0] = rows[..., -1]
+    return rows
+
+
+def _layouts_present(indices: torch.Tensor) -> dict[str, bool]:
+    """Which of ``_scattered``'s layouts ``indices`` holds somewhere."""
+    picks = indices >= 0
+    before, after = picks.cummax(-1).values, picks.flip(-1).cummax(-1).values.flip(-1)
+    bound = (torch.arange(indices.shape[1], device=indices.device) + 1) // sparse_attention.CSA_RATIO
+    late = picks & (torch.arange(indices.shape[2], device=indices.device)[None, :] >= bound[:, None])
+    ordered = indices.sort(-1).values
+    return {"padding between picks": bool((~picks & before & after).any()), "late picks": bool(late.any()),
+            "picks twice": bool(((ordered.diff(dim=-1) == 0) & (ordered[..., 1:] >= 0)).any())}
 
 
 PROBLEMS = [
     # window 5 < seq: early queries have fewer entries; 3 heads in a 16-row block
-    pytest.param(2, 37, 3, 0, 0, 5, id="window"),
+    pytest.param(2, 37, 3, 0, 0, 5, False, id="window"),
     # queries 0-2 have only -1 picks, queries under 27 fewer than topk; tiles mix window and picks
-    pytest.param(2, 70, 4, sparse_attention.CSA_RATIO, 6, 9, id="csa"),
+    pytest.param(2, 70, 4, sparse_attention.CSA_RATIO, 6, 9, False, id="csa"),
+    # the same rows shuffled, one pick doubled a row: -1s between picks, picks past min(topk, (s + 1) // 4)
+    pytest.param(1, 70, 4, sparse_attention.CSA_RATIO, 6, 9, True, id="csa-scattered"),
     # queries 127-130 see the one compressed row, the rest none; seq not a multiple of 128
-    pytest.param(2, 131, 2, sparse_attention.HCA_RATIO, 0, 4, id="hca"),
+    pytest.param(2, 131, 2, sparse_attention.HCA_RATIO, 0, 4, False, id="hca"),
 ]
 
 
-@pytest.mark.parametrize(("batch", "seq", "heads", "ratio", "topk", "window"), PROBLEMS)
-def test_forward_and_gradients_match_eager(batch, seq, heads, ratio, topk, window):
-    p = _problem(batch, seq, heads, ratio, topk, window, seed=seq)
+@pytest.mark.parametrize(("batch", "seq", "heads", "ratio", "topk", "window", "scattered"), PROBLEMS)
+def test_forward_and_gradients_match_eager(batch, seq, heads, ratio, topk, window, scattered):
+    p = _problem(batch, seq, heads, ratio, topk, window, seed=seq, scattered=scattered)
     names = ["q", "kv", "sink"] + (["kv_compressed"] if ratio else [])
     leaves = {n: p[n].clone().requires_grad_() for n in names}
     o = attend(leaves["q"], leaves["kv"], leaves["sink"], ratio, leaves.get("kv_compressed"), p.get("indices"),
@@ -76,6 +109,8 @@ def test_forward_and_gradients_match_eager(batch, seq, heads, ratio, topk, windo
         assert refs[n].grad.abs().sum() > 0, n  # every input gets a gradient to compare
     if ratio == sparse_attention.CSA_RATIO:
         assert (p["indices"][:, :3] == -1).all() and (p["indices"] == -1).any(dim=-1).all(dim=0).sum() > 3
+    if scattered:
+        assert all(_layouts_present(p["indices"]).values()), _layouts_present(p["indices"])
 
 
 def test_window_cuts_entries_off():
@@ -176,11 +211,15 @@ def test_gluon_forward_matches_eager(batch, seq, heads, ratio, topk, window):
     prologue), partial last tiles, CSA tiles that mix window and picks (queries with only -1
     picks, queries with fewer than topk), two head blocks and B = 2, logits spread over tens of
     log2 units. The persistent mode 5 takes several items a program here (600-1,200 items, one
-    program an SM), so each item's Q and first tile come from the previous item's prefetch."""
+    program an SM), so each item's Q and first tile come from the previous item's prefetch. CSA
+    runs the indexer's rows and ``_scattered`` ones (padding between picks, late picks, doubles)."""
     p = _problem(batch, seq, heads, ratio, topk, window, seed=29)
     q = (p["q"].float() * 12).to(torch.bfloat16)
-    for mode, late_first in itertools.product(sparse_attention_sm90.MODES, (0, 1)):
-        _assert_forward_matches(q, p, ratio, window, {**GLUON_CONFIG, "GLUON": mode, "LATE_FIRST": late_first})
+    csa = ratio == sparse_attention.CSA_RATIO
+    layouts = (p["indices"], _scattered(p["indices"], seed=29)) if csa else (None,)
+    for indices, mode, late_first in itertools.product(layouts, sparse_attention_sm90.MODES, (0, 1)):
+        _assert_forward_matches(q, {**p, "indices": indices}, ratio, window,
+                                {**GLUON_CONFIG, "GLUON": mode, "LATE_FIRST": late_first})
 
 
 def test_gluon_forward_says_where_it_cannot_run():
@@ -203,16 +242,52 @@ def test_late_first_programs_match_eager(seq, ratio, topk, window):
     _assert_forward_matches(p["q"], p, ratio, window, config)
 
 
-def test_csa_picks_end_at_the_first_padding():
-    """A -1 among a query's picks ends them: the kernels and the reference skip the picks after it."""
-    full = _problem(1, 96, 16, sparse_attention.CSA_RATIO, 20, 24, seed=23)
-    cut = {**full, "indices": full["indices"].clone()}
-    cut["indices"][0, 60:, 3] = -1  # queries 60+ have 15+ picks; the ones after slot 3 are dropped
+def test_csa_slots_are_read_one_by_one():
+    """V4's public semantics: each slot is one entry and each -1 is skipped on its own. A row's
+    picks moved behind its padding (past slot ``min(topk, (s + 1) // 4)``) or shuffled attend what
+    the indexer's layout attends, in the kernel as in the reference; a pick blanked in the middle
+    of a row drops that pick alone (the ones after it still count)."""
+    p = _problem(1, 96, 16, sparse_attention.CSA_RATIO, 20, 24, seed=23)
+    indices = p["indices"]
+    behind = indices.gather(-1, (indices >= 0).int().argsort(dim=-1, stable=True))  # -1s first, then the picks
+    shuffled = _shuffled(indices, seed=1)
+    cut = indices.clone()
+    cut[0, 60:, 3] = -1  # queries 60+ have 15+ picks
+    compacted = indices.clone()  # the same picks of queries 60+ without slot 3's
+    compacted[0, 60:] = torch.cat([indices[0, 60:, :3], indices[0, 60:, 4:], torch.full_like(indices[0, 60:, :1], -1)], -1)
     config = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "UNCHAINED": 0}
-    _assert_forward_matches(cut["q"], cut, 4, 24, config)
-    o_cut, o_full = (sparse_attention._reference(p["q"], p["kv"], p["sink"], 4, p["kv_compressed"], p["indices"], 24)[0]
-                     for p in (cut, full))
-    assert (o_cut[0, 60:] - o_full[0, 60:]).abs().amax() > 1e-2  # the dropped picks count when kept
+
+    def reference(rows: torch.Tensor) -> torch.Tensor:
+        return sparse_attention._reference(p["q"], p["kv"], p["sink"], 4, p["kv_compressed"], rows, 24)[0]
+
+    for rows in (behind, cut):
+        _assert_forward_matches(p["q"], {**p, "indices": rows}, 4, 24, config)
+    o = reference(indices)
+    assert _layouts_present(behind)["late picks"] and not _layouts_present(indices)["late picks"]
+    torch.testing.assert_close(reference(behind), o)
+    torch.testing.assert_close(reference(shuffled), o)
+    torch.testing.assert_close(reference(cut), reference(compacted))
+    assert (reference(cut)[0, 60:] - o[0, 60:]).abs().amax() > 1e-2  # the blanked pick counted when kept
+
+
+def test_reference_reads_rows_as_the_v4_eager_op():
+    """The kernels' reference and ``v4.attention_ops`` (dense and masked, the model's eager path)
+    read ``_scattered`` rows alike: padding between picks, late picks, a pick listed twice."""
+    p = _problem(2, 70, 4, sparse_attention.CSA_RATIO, 6, 9, seed=5, scattered=True)
+    assert all(_layouts_present(p["indices"]).values())
+    args = (p["q"].float(), p["kv"].float(), p["sink"], 4, p["kv_compressed"].float(), p["indices"], 9)
+    torch.testing.assert_close(sparse_attention_reference(*args), attention_ops.sparse_attention(*args))
+
+
+def test_rows_compacted_for_the_gluon_forward_keep_their_picks_in_order():
+    """The Gluon forward reads rows whose picks come first: ``_compact_picks`` moves each row's
+    picks (ids in ``[0, S // 4)``) to its front in their order, padding and stray ids to -1 after."""
+    indices = _scattered(_problem(2, 70, 1, sparse_attention.CSA_RATIO, 6, 9, seed=7)["indices"], seed=7)
+    indices[0, 50, 1] = 17  # no such compressed row (17 of them): dropped like -1
+    compacted = sparse_attention._compact_picks(indices, 70 // sparse_attention.CSA_RATIO)
+    for row, out in zip(indices.view(-1, 6).tolist(), compacted.view(-1, 6).tolist()):
+        picks = [t for t in row if 0 <= t < 17]
+        assert out == picks + [-1] * (6 - len(picks))
 
 
 def test_ptx_barrier_takes_its_modes_only():
@@ -258,10 +333,17 @@ def test_tuned_configs_match_reference(name, config):
 
 
 def test_split_mode_in_passes_matches():
-    """R_CHUNK smaller than (and not a multiple of) the tile: passes cut tiles; dq adds up over them."""
+    """R_CHUNK smaller than (and not a multiple of) the tile: passes cut tiles; dq adds up over them.
+    The CSA rows are ``_scattered``: padding between picks lands in every pass, and a pick listed
+    twice sums two slots into one row."""
     kernel = registry.get("sparse_attn_bwd")
     shape = {"batch": 2, "seq": 30, "heads": 2, "ratio": sparse_attention.CSA_RATIO, "topk": 5, "window": 6}
     inputs = kernel.make_inputs(shape, DEVICE, seed=4)  # 11 entry positions: passes at 0, 4, 8
+    indices = _scattered(inputs["indices"], seed=4)
+    assert all(_layouts_present(indices).values())
+    inputs = {**inputs, "indices": indices}
+    inputs["o"], inputs["lse"] = sparse_attention._reference_of(inputs)
+    inputs["o"] = inputs["o"].to(torch.bfloat16)
     config = {"BLOCK_H": 16, "TILE_K": 16, "num_warps": 4, "num_stages": 1, "DKV_MODE": "split", "R_CHUNK": 4,
               "DE_TRANSPOSED": 0}
     for out, ref in zip(kernel.run(inputs, config), kernel.reference(inputs)):
@@ -285,30 +367,6 @@ def test_csa_picks_are_distinct_causal_and_first_like_the_indexer():
         assert (picks >= 0).all() and (indices[b, s, n:] == -1).all() and len(set(picks.tolist())) == n
         assert (picks < causal[s]).all()
     assert not (indices.sort(-1).values == indices).all()  # the picks are in random order
-
-
-def test_csa_reads_only_the_slots_a_query_can_fill(monkeypatch, request):
-    """Slots past ``min(topk, (s + 1) // 4)`` are never read: garbage picks there (valid-looking but
-    acausal ids) change neither the output nor any gradient. The backward runs its deterministic split
-    reduction: the default's fp32 atomics sum in a varying order on a GPU (the H200 run of 2026-12-01
-    failed on the last bits of dkv), which would hide nothing but fail an exact comparison. One sequence:
-    the slots are a query's, and a second sequence would double the interpreter's time."""
-    monkeypatch.setenv("TUNER_CONFIG_SPARSE_ATTN_BWD", '{"DKV_MODE": "split"}')
-    tuning.clear_cache()
-    request.addfinalizer(tuning.clear_cache)
-    p = _problem(1, 70, 4, sparse_attention.CSA_RATIO, 6, 9, seed=3)
-    bound = ((torch.arange(70, device=DEVICE) + 1) // sparse_attention.CSA_RATIO).clamp(max=6)
-    beyond = torch.arange(6, device=DEVICE)[None, :] >= bound[:, None]
-    assert beyond.any() and (p["indices"][:, beyond] == -1).all()
-    garbage = p["indices"].masked_fill(beyond, 70 // sparse_attention.CSA_RATIO - 1)
-    outs = []
-    for indices in (p["indices"], garbage):
-        leaves = {n: p[n].clone().requires_grad_() for n in ("q", "kv", "sink", "kv_compressed")}
-        o = attend(leaves["q"], leaves["kv"], leaves["sink"], 4, leaves["kv_compressed"], indices, 9)
-        o.backward(p["do"])
-        outs.append([o] + [leaves[n].grad for n in ("q", "kv", "sink", "kv_compressed")])
-    for a, b in zip(*outs):
-        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("shape", registry.get("sparse_attn_fwd").presets["small"], ids=["window", "csa", "hca"])

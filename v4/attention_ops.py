@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kernels.contracts import check_range
 from v4.config import CSA_RATIO
 
 
@@ -58,8 +59,11 @@ def sparse_attention(
 
     Entries of query s: the raw latents ``kv[max(0, s-window+1) .. s]``; for HCA (ratio > 4) every
     closed compressed entry ``t < (s+1)//ratio`` of ``kv_compressed [B,T,d]``; for CSA (ratio 4)
-    the compressed entries listed in ``indices [B,S,k]`` (-1 = none). The latent is both key and
-    value; logits are scaled by ``1/sqrt(d)``; ``sink [H]`` is one fp32 logit per head.
+    the compressed entries listed in ``indices [B,S,k]``: each slot one entry (a pick listed twice
+    weighs twice), -1 = none wherever it stands, values in ``[-1, T)`` (refused otherwise where
+    ``kernels.contracts`` checks values; unchecked, skipped), as ``kernels.sparse_attention``
+    reads them. The latent is both key and value; logits are scaled by ``1/sqrt(d)``; ``sink [H]``
+    is one fp32 logit per head.
     """
     batch, seq, heads, dim = q.shape
     qf, kvf = q.float(), kv.float()
@@ -75,17 +79,18 @@ def sparse_attention(
         if compress_ratio == CSA_RATIO:
             if indices is None:
                 raise ValueError("CSA attention (ratio 4) needs the indexer's indices")
-            slots = torch.where(indices >= 0, indices.long(), n_entries)  # -1 -> a spare column
-            picked = torch.zeros(batch, seq, n_entries + 1, dtype=torch.bool, device=q.device)
-            picked.scatter_(-1, slots, True)
-            compressed = picked[..., :n_entries]
+            check_range("indices", indices, -1, n_entries, "-1 (padding) or rows of kv_compressed")
+            picks = (indices >= 0) & (indices < n_entries)
+            slots = torch.where(picks, indices.long(), n_entries)  # padding -> a spare column
+            counts = torch.zeros(batch, seq, n_entries + 1, device=q.device).scatter_add_(-1, slots, picks.float())
+            compressed = counts[..., :n_entries]
         else:
             closed = _closed_groups(seq, compress_ratio, q.device)
             compressed = (torch.arange(n_entries, device=q.device)[None, :] < closed[:, None]).expand(batch, -1, -1)
-        allowed = torch.cat((allowed, compressed), -1)
+        allowed = torch.cat((allowed.float(), compressed.float()), -1)
         keys = torch.cat((kvf, kcf), 1)
-    logits = torch.einsum("bshd,btd->bhst", qf, keys) * dim ** -0.5
-    logits = logits.masked_fill(~allowed[:, None], float("-inf"))
+    # Each entry's logit plus the log of how often the query lists it: -inf for 0, 0 for once.
+    logits = torch.einsum("bshd,btd->bhst", qf, keys) * dim ** -0.5 + allowed.float().log()[:, None]
     sink_logit = sink.float()[None, :, None, None].expand(batch, heads, seq, 1)
     probs = torch.softmax(torch.cat((logits, sink_logit), -1), -1)[..., :-1]
     return torch.einsum("bhst,btd->bshd", probs, keys).to(q.dtype)
