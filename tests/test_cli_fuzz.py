@@ -29,7 +29,7 @@ SPEC_CASES = [
     ("bad yaml", b"kernel: [unclosed\n", "not valid YAML"),
     ("unknown kernel", b"kernel: nope\nshapes: v4-flash\n", "unknown kernel 'nope'"),
     ("empty shapes", b"kernel: rmsnorm_fwd\nshapes: []\n", "shapes"),
-    ("zero dim", b"kernel: rmsnorm_fwd\nshapes: [{tokens: 0, hidden: 128}]\n", "shapes[0].tokens: must be between 1"),
+    ("zero dim", b"kernel: rmsnorm_fwd\nshapes: [{tokens: 0, hidden: 128}]\n", "shapes[0].tokens: every dimension must be >= 1"),
     ("negative dim", b"kernel: rmsnorm_fwd\nshapes: [{tokens: -4, hidden: 128}]\n", "shapes[0].tokens"),
     ("dim past int64", b"kernel: rmsnorm_fwd\nshapes: [{tokens: 9223372036854775808, hidden: 128}]\n",
      "shapes[0].tokens"),

@@ -19,6 +19,19 @@ def test_edges_name_the_least_and_greatest_numeric_values_measured():
     assert display.edges(best, measured[:2]) == []
 
 
+def _rows(text: str) -> dict[str, str]:
+    """The rendered text of each shape's row (its cells may wrap over several lines), by shape."""
+    rows: dict[str, str] = {}
+    shape = None
+    for line in text.splitlines():
+        first = line.strip("│ ").split(" ")[0]
+        if first.startswith("n="):
+            shape = first
+        if shape and line.startswith("│"):
+            rows[shape] = rows.get(shape, "") + " " + " ".join(cell.strip() for cell in line.split("│"))
+    return rows
+
+
 def test_status_shows_where_each_shape_best_sits_at_an_edge():
     sweep = Sweep(id=7, kernel="probe", arch="sm_90", status="done", spec={})
     trials = [Trial(shape_key=key, status="ok", median_ms=ms, config={"WARPS": warps, "num_stages": 1})
@@ -26,7 +39,7 @@ def test_status_shows_where_each_shape_best_sits_at_an_edge():
                                      ("n=2", 1, 0.8), ("n=2", 2, 0.4), ("n=2", 4, 0.6))]
     console = Console(record=True, width=250)
     console.print(display.status_table(sweep, trials, {"n=1": 3, "n=2": 3}))
-    lines = {line.split()[1]: line for line in console.export_text().splitlines() if "n=" in line}
+    lines = _rows(console.export_text())
     assert "WARPS=1 (least tried)" in lines["n=1"]
     assert "tried)" not in lines["n=2"]
 
@@ -38,7 +51,7 @@ def test_status_shows_the_best_configs_host_time_and_whether_it_is_host_bound():
               Trial(shape_key="n=3", status="ok", median_ms=0.2, config={"WARPS": 1}, metrics={})]
     console = Console(record=True, width=250)
     console.print(display.status_table(sweep, trials, {"n=1": 1, "n=2": 1, "n=3": 1}))
-    lines = {line.split()[1]: line for line in console.export_text().splitlines() if "n=" in line}
+    lines = _rows(console.export_text())
     assert "0.0450 host-bound" in lines["n=1"]
     assert "0.0600" in lines["n=2"] and "host-bound" not in lines["n=2"]
     assert "host-bound" not in lines["n=3"]

@@ -1,20 +1,24 @@
 """Start the Ray workers of a sweep: one device worker per GPU, CPU slots for compiling.
 
-Without an address a local Ray is started; with one (or ``RAY_ADDRESS``) the pool joins
-that cluster. On a cluster without GPUs the workers run the kernels on the CPU under
-``TRITON_INTERPRET=1`` and nothing is compiled ahead.
+With an address (or ``RAY_ADDRESS``) the pool joins that cluster; without one it joins the Ray
+already running on this machine (``ray start``), else starts a local one. On a cluster without
+GPUs the workers run the kernels on the CPU under ``TRITON_INTERPRET=1`` and nothing is compiled
+ahead.
+
+Start-up is what a one-shot ``tuner sweep run`` pays before its first trial, so the pool waits
+only for what a trial needs: the device workers (their benchmarking children import torch and
+open the GPU) start together, and the compile workers warm up (import the kernels) beside them
+and beside the first trials, not before them. ``timings`` says where the seconds went.
+Ray and the workers' modules are imported by ``start``: importing this module (``PoolError``)
+costs nothing.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
-
-import ray
-
-from workers.compile_task import warm_up
-from workers.device_worker import DeviceWorker
 
 # Variables the workers need to see as the driver sees them.
 FORWARDED_PREFIXES = ("TUNER_", "TRITON_", "PYTHONPATH", "CUDA_LAUNCH_BLOCKING")
@@ -47,17 +51,29 @@ class WorkerPool:
     compile_slots: int
     runtime_env: dict[str, Any]  # what every task of the pool runs with, compile tasks included
     started_ray: bool = field(default=False)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per start-up step
+    warming: list[Any] = field(default_factory=list)  # the compile workers' warm-ups, still running
 
     @classmethod
     def start(cls, ray_address: str | None = None, cpu_workers: int = 1, num_cpus: int | None = None) -> WorkerPool:
         """Connect to (or start) Ray and start one device worker per GPU, or ``cpu_workers``."""
+        began = time.perf_counter()
+        import ray
+
+        from workers.compile_task import warm_up
+        from workers.device_worker import DeviceWorker
+
+        timings = {"import_s": time.perf_counter() - began}
         address = ray_address or os.environ.get("RAY_ADDRESS")
         started = not ray.is_initialized()
         if started:
             if address:
                 ray.init(address=address, log_to_driver=False)
-            else:
-                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            else:  # joins a Ray this machine already runs (``ray start --head``), else starts one;
+                # a given CPU count asks for a Ray of this process's own
+                ray.init(address="local" if num_cpus else None, num_cpus=num_cpus, include_dashboard=False,
+                         log_to_driver=False)
+        timings["ray_s"] = time.perf_counter() - began - timings["import_s"]
         gpus = int(ray.cluster_resources().get("GPU", 0))
         interpret = gpus == 0
         env = _worker_env(interpret)
@@ -69,17 +85,17 @@ class WorkerPool:
         cpus = int(ray.cluster_resources().get("CPU", 1))
         compile_slots = max(min(cpus - (len(actors) if interpret else 0), MAX_COMPILE_WORKERS), 1)
         warming = [] if interpret else [warm_up.options(**options).remote() for _ in range(compile_slots)]
-        try:  # compile workers start while the device workers' children import torch
+        try:  # compile workers warm up while the device workers' children import torch, and after
             infos = ray.get([a.describe.remote() for a in actors], timeout=START_TIMEOUT_S)
-            ray.get(warming, timeout=START_TIMEOUT_S)
         except Exception as exc:
             for actor in actors:
                 ray.kill(actor)
             if started:
                 ray.shutdown()
             raise PoolError(f"device workers failed to start: {exc}") from None
+        timings["workers_s"] = time.perf_counter() - began - timings["import_s"] - timings["ray_s"]
         pool = cls(actors, infos, compile_ahead=not interpret, compile_slots=compile_slots,
-                   runtime_env=options["runtime_env"], started_ray=started)
+                   runtime_env=options["runtime_env"], started_ray=started, timings=timings, warming=warming)
         pool.arch  # noqa: B018 - fail early on a mixed pool
         return pool
 
@@ -98,6 +114,8 @@ class WorkerPool:
         return dict(versions.pop())
 
     def shutdown(self) -> None:
+        import ray
+
         for actor in self.workers:
             ray.kill(actor)
         if self.started_ray:

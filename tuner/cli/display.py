@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -42,20 +42,52 @@ def progress_callback(progress: Progress, sweep_id: int, kernel: str) -> Progres
     return update
 
 
-def sweeps_table(sweeps: list[Any], counts: dict[int, Counter]) -> Table:
+class Fitted:
+    """A table readable in a narrow console (80 columns): when it is wider than the console, each column
+    gets its longest word and a share of the rest in proportion to its longest line, so that cells wrap
+    between words and none is cut short."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        columns = self.table.columns
+        lines = [[str(cell) for cell in [column.header, *column._cells]] for column in columns]
+        least = [max((len(w) for cell in cells for w in cell.split()), default=1) for cells in lines]
+        most = [max((len(line) for cell in cells for line in cell.splitlines()), default=1) for cells in lines]
+        room = options.max_width - self.table._extra_width - sum(self.table.padding[1] + self.table.padding[3]
+                                                                 for _ in columns)
+        spare = room - sum(least)
+        if sum(most) > room and spare >= 0:
+            wants = [m - n for m, n in zip(most, least)]
+            shares = [spare * w // max(sum(wants), 1) for w in wants]
+            for column, width, share in zip(columns, least, shares):
+                column.width = width + share
+        yield self.table
+
+
+def fitted(table: Table) -> Fitted:
+    """``table`` as a :class:`Fitted` one."""
+    return Fitted(table)
+
+
+def sweeps_table(sweeps: list[Any], counts: dict[int, Counter]) -> Fitted:
     """One row per sweep (rows with id, kernel, arch, status, created_at and owner), readable at 80 columns."""
-    table = Table("id", "kernel", "arch", "status", "trials", "created", "owner")
+    table = Table("id", "kernel on arch", "status: trials", "created", "owner")
     for s in sweeps:
         c = counts.get(s.id, Counter())
-        summary = ", ".join(f"{k} {v}" for k, v in sorted(c.items())) or "-"
-        table.add_row(str(s.id), s.kernel, s.arch, s.status, summary,
+        summary = ", ".join(f"{k} {v}" for k, v in sorted(c.items())) or "no trials"
+        table.add_row(str(s.id), f"{s.kernel} {s.arch}", f"{s.status}: {summary}",
                       s.created_at.strftime("%Y-%m-%d %H:%M"), _owner(s.owner))
-    return table
+    return fitted(table)
 
 
 def _owner(owner: str | None) -> str:
-    """``host pid``: a claim's owner (``host:pid:suffix``) without its random suffix, in words that wrap."""
-    return " ".join(owner.split(":")[:2]) if owner else "-"
+    """``host pid``: a claim's owner (``host:pid:suffix``) without its domain and random suffix."""
+    if not owner:
+        return "-"
+    host, _, rest = owner.partition(":")
+    return f"{host.split('.')[0]} {rest.split(':')[0]}".strip()
 
 
 def edges(best: dict[str, Any], measured: list[dict[str, Any]]) -> list[str]:
@@ -75,11 +107,11 @@ def edges(best: dict[str, Any], measured: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
-def status_table(sweep: Sweep, trials: list[Trial], budgets: dict[str, int]) -> Table:
+def status_table(sweep: Sweep, trials: list[Trial], budgets: dict[str, int]) -> Fitted:
     """Per shape: trial counts, the best so far, and the tunables where it took an extreme of those measured."""
     from tuner.sweep.ranking import screening_time
 
-    table = Table("shape", "trials", "best ms", "its host ms", "best config", "best at an edge",
+    table = Table("shape", "trials", "best ms, its host ms", "best config", "best at an edge",
                   title=f"sweep {sweep.id}: {sweep.kernel} on {sweep.arch} ({sweep.status})")
     for key, budget in budgets.items():
         rows = [t for t in trials if t.shape_key == key]
@@ -88,11 +120,10 @@ def status_table(sweep: Sweep, trials: list[Trial], budgets: dict[str, int]) -> 
         failed = len(rows) - len(ok) - pruned
         best = min(ok, key=lambda t: t.median_ms, default=None)
         counts = f"{len(ok)} ok, {failed} failed, {pruned} pruned, {max(budget - len(ok) - failed, 0)} left"
-        table.add_row(shape_words(key), counts,
-                      f"{best.median_ms:.4f}" if best else "-", _host_cell(screening_time(best)) if best else "-",
-                      compact(best.config) if best else "-",
+        times = f"{best.median_ms:.4f}\nhost {_host_cell(screening_time(best))}" if best else "-"
+        table.add_row(shape_words(key), counts, times, compact(best.config) if best else "-",
                       (" ".join(edges(best.config, [t.config for t in ok])) or "-") if best else "-")
-    return table
+    return fitted(table)
 
 
 def shape_words(key: str) -> str:
@@ -128,7 +159,7 @@ def tuned_table(table: dict[str, Any], layered: dict[str, dict[str, tuple[str, A
         out = Table("shape", "config", "time", "from" if layered else "sweep", title=kernel, title_justify="left")
         for shape, (layer, e) in sorted(shapes.items()):
             out.add_row(*_entry_cells(shape, layer, e))
-        parts.append(out)
+        parts.append(fitted(out))
     return Group(*heading, *parts)
 
 

@@ -17,6 +17,7 @@ from tuner.cli import display
 from tuner.cli.errors import exit_2_on, open_engine
 
 if TYPE_CHECKING:
+    from tuner.cli.display import Fitted
     from tuner.sweep.replay import ReplayRow
 
 
@@ -33,20 +34,20 @@ def _cell(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def rows_table(sweep_id: int, rows: list[ReplayRow]) -> Table:
+def rows_table(sweep_id: int, rows: list[ReplayRow]) -> Fitted:
     """Gaps to the grid optimum in %; "random" is the exact expectation for as many uniform draws."""
     from tuner.sweep.replay import HIT_TOLERANCE
 
     kernels = ", ".join(sorted({r.kernel for r in rows}))
-    table = Table("shape", "strategy", "fraction", "evals", "optimum ms", "random %", "mean %", "worst %", "score",
-                  f"<= {HIT_TOLERANCE:.0%}", title=f"replay of grid sweep {sweep_id} ({kernels}): gaps to the optimum; "
-                  "score 1 = optimum, 0 = as good as random draws")
+    table = Table("shape", "strategy, fraction", "evals", "optimum ms", "gap %: random, mean, worst", "score",
+                  f"<= {HIT_TOLERANCE:.0%}", title=f"replay of grid sweep {sweep_id} ({kernels}): gaps to the "
+                  "optimum; score 1 = optimum, 0 = as good as random draws")
     for r in rows:
         random_gap = 100 * (r.random_expectation_ms / r.optimum_ms - 1)
-        table.add_row(r.shape, r.strategy, f"{r.fraction:g}", f"{r.budget}/{r.grid_evaluations}",
-                      f"{r.optimum_ms:.4f}", f"{random_gap:.1f}", _cell(r.mean_gap_pct, ".1f"),
-                      _cell(r.worst_gap_pct, ".1f"), _cell(r.score, ".2f"), f"{r.within_2pct:.0%}")
-    return table
+        table.add_row(display.shape_words(r.shape), f"{r.strategy} {r.fraction:g}", f"{r.budget}/{r.grid_evaluations}",
+                      f"{r.optimum_ms:.4f}", f"{random_gap:.1f}, {_cell(r.mean_gap_pct, '.1f')}, "
+                      f"{_cell(r.worst_gap_pct, '.1f')}", _cell(r.score, ".2f"), f"{r.within_2pct:.0%}")
+    return display.fitted(table)
 
 
 def replay(ctx: typer.Context,

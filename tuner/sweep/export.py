@@ -211,11 +211,11 @@ def export_table(engine: Engine, arch: str, out_dir: Path | None = None, skip: S
     path = table_path(arch, tables_folder(out_dir))
     previous = _previous_table(path, arch) if merge else {}
     # A kernel named to an option must have trials here or, with merge, entries in the kept table
-    # (a typo is refused either way); skipping one the database lacks is what merge is for.
+    # (a typo is refused either way): skipping one the database lacks drops it from the kept table.
     known = {t.kernel for t in trials} | set(previous.get("entries", {}))
     for option, kernels in (("--skip-kernel", set(skip)), ("--fastest", set(fastest) - {ALL})):
         unknown = sorted(kernels - known)
-        if unknown and not (merge and option == "--skip-kernel"):
+        if unknown:
             where = "in the database" + (f" or the table {path}" if merge else "")
             raise NothingToExport(f"{option}: no ok trials of {unknown} for arch {arch!r} {where}")
     trials = [t for t in trials if t.kernel not in skip]

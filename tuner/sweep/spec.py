@@ -102,7 +102,7 @@ class SweepSpec(_Strict):
             for field, value in shape.items():
                 least = 0 if field in zero_ok else 1
                 if not least <= value <= INT64_MAX:
-                    raise ValueError(f"shapes[{i}].{field}: must be between {least} and 2**63 - 1, got {value}")
+                    raise ValueError(f"shapes[{i}].{field}: every dimension must be >= {least} and < 2**63, got {value}")
         self.shapes = [{f: shape[f] for f in kernel.shape_fields} for shape in shapes]
         if self.arch != "auto" and self.arch not in ARCH_FACTS:
             raise ValueError(f"arch: unknown arch {self.arch!r}; use 'auto' or one of {sorted(ARCH_FACTS)}")

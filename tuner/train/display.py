@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich.markup import escape
 from rich.table import Table
+
+from tuner.cli.display import Fitted, fitted
 
 if TYPE_CHECKING:  # the CLI's listing commands render runs without importing torch
     from db.training import TrainRun
@@ -36,19 +39,20 @@ def _gib(nbytes: int | None) -> str:
     return f"{nbytes / GIB:.3f}" if nbytes is not None else "-"
 
 
-def runs_table(runs: list[TrainRun]) -> Table:
-    table = Table("id", "status", "preset", "world", "layout", "recompute", "kernels", "step ms (median)",
-                  "tokens/s/GPU", "loss first→last", "created")
+def runs_table(runs: list[TrainRun]) -> Fitted:
+    """One row per run, readable at 80 columns: what ran (preset, ranks, kernels, layout, recompute, when)
+    in one cell of words, then the figures."""
+    table = Table("id", "status", "run", "step ms", "tokens /s/GPU", "loss first → last")
     for r in runs:
-        losses = f"{r.losses[0]:.3f}→{r.losses[-1]:.3f}" if r.losses else "-"
-        table.add_row(str(r.id), r.status, r.preset, str(r.world), r.layout or r.request.get("layout") or "even",
-                      r.recompute or r.request.get("recompute", "none"), r.kernels or r.request.get("kernels", "-"),
-                      _ms(r.step_median_s), _num(r.tokens_per_s_per_gpu, ".0f"), losses,
-                      r.created_at.strftime("%Y-%m-%d %H:%M:%S"))
-    return table
+        losses = f"{r.losses[0]:.3f} → {r.losses[-1]:.3f}" if r.losses else "-"
+        run = (f"{r.preset}, world {r.world}, {r.kernels or r.request.get('kernels', '-')}, layout "
+               f"{r.layout or r.request.get('layout') or 'even'}, recompute "
+               f"{r.recompute or r.request.get('recompute', 'none')}, {r.created_at.strftime('%Y-%m-%d %H:%M')}")
+        table.add_row(str(r.id), r.status, run, _ms(r.step_median_s), _num(r.tokens_per_s_per_gpu, ",.0f"), losses)
+    return fitted(table)
 
 
-def run_summary(r: TrainRun) -> Table:
+def run_summary(r: TrainRun) -> Fitted:
     """Key figures of one run, one per row."""
     table = Table("field", "value", title=f"training run {r.id}: {r.status}", show_header=False)
     rows = [
@@ -71,18 +75,18 @@ def run_summary(r: TrainRun) -> Table:
     if r.error:
         rows.append(("message", r.error.strip().splitlines()[-1]))
     for name, value in rows:
-        table.add_row(name, value)
-    return table
+        table.add_row(escape(name), escape(value))  # "[p20, p80]" is text, not markup
+    return fitted(table)
 
 
-def memory_table(r: TrainRun) -> Table:
+def memory_table(r: TrainRun) -> Fitted:
     table = Table("rank", "stages", "params", "static GiB", "saved activations GiB", "peak allocated GiB",
                   "peak reserved GiB", title="memory per pipeline rank")
     for m in r.stage_memory or []:
         table.add_row(str(m["rank"]), ",".join(map(str, m["stages"])), f"{m['params']:,}", _gib(m["static_bytes"]),
                       _gib(m["saved_activation_peak_bytes"]), _gib(m["peak_allocated_bytes"]),
                       _gib(m["peak_reserved_bytes"]))
-    return table
+    return fitted(table)
 
 
 def loss_curve(r: TrainRun) -> str:
@@ -93,17 +97,18 @@ def loss_curve(r: TrainRun) -> str:
     return f"loss {sparkline(r.losses)}  {values}"
 
 
-def profile_table(costs: list[LayerCost], title: str) -> Table:
-    table = Table("layer kind", "fwd ms", "bwd ms", "recompute+bwd ms", "activations MiB", "kept w/ recompute MiB",
-                  "params", "optimizer ns/param", "p2p MiB", title=title)
+def profile_table(costs: list[LayerCost], title: str) -> Fitted:
+    """Per layer kind: times, memory and sizes, grouped in cells of words so that 80 columns hold them."""
+    table = Table("layer kind", "ms: fwd, bwd, recompute+bwd", "MiB: activations, kept w/ recompute, p2p", "params",
+                  "optimizer ns/param", title=title)
     for c in costs:
-        table.add_row(c.layer_kind, f"{c.forward_ms:.3f}", f"{c.backward_ms:.3f}", f"{c.recompute_backward_ms:.3f}",
-                      f"{c.activation_bytes / 2**20:.2f}", f"{c.recompute_kept_bytes / 2**20:.2f}", f"{c.params:,}",
-                      f"{c.optimizer_ms_per_param * 1e6:.3f}", f"{c.p2p_bytes / 2**20:.2f}")
-    return table
+        table.add_row(c.layer_kind, f"{c.forward_ms:.3f}, {c.backward_ms:.3f}, {c.recompute_backward_ms:.3f}",
+                      f"{c.activation_bytes / 2**20:.2f}, {c.recompute_kept_bytes / 2**20:.2f}, "
+                      f"{c.p2p_bytes / 2**20:.2f}", f"{c.params:,}", f"{c.optimizer_ms_per_param * 1e6:.3f}")
+    return fitted(table)
 
 
-def alltoall_table(cost: AlltoallCost, title: str) -> Table:
+def alltoall_table(cost: AlltoallCost, title: str) -> Fitted:
     """One MoE layer's dispatch, combine and their sum (one forward; the backward repeats it), with GB/s."""
     shape = cost.shape
     table = Table("phase", "ms", "MiB leaving a rank", "GB/s", title=title,
@@ -114,4 +119,4 @@ def alltoall_table(cost: AlltoallCost, title: str) -> Table:
                              ("forward (dispatch + combine)", cost.alltoall_ms, 2)):
         gbps = count * shape.bytes_per_rank / (ms * 1e6) if ms > 0 else 0.0
         table.add_row(phase, f"{ms:.3f}", f"{count * mib:.4g}", f"{gbps:.4g}")
-    return table
+    return fitted(table)

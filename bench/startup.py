@@ -1,0 +1,143 @@
+"""One-shot start-up: where the seconds of `tuner sweep run` go besides the sweep itself (imports, database, Ray, workers, shutdown); at most 10 s on a one-GPU host.
+
+Two measurements, each in fresh processes with an empty database:
+
+* ``command``: ``python -m tuner.cli sweep run SPEC`` as a user runs it; its wall time less the
+  sweep's own (the sweep row's started_at to finished_at) is the start-up and tear-down it added.
+* ``steps``: the same steps one by one in a probe process, timed apart: importing the CLI,
+  validating the spec (imports torch and the kernels), opening the database, importing the sweep
+  runner (Optuna, Ray), the worker pool's start (Ray, the device workers; ``WorkerPool.timings``),
+  the sweep, and the pool's shutdown.
+
+The sweep is small on purpose (``--trials`` configs of RMSNorm forward at one shape): the figure
+is what surrounds it. Without a GPU the kernels run under the Triton interpreter on a small shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TARGET_OVERHEAD_S = 10.0
+GPU_SHAPE = {"tokens": 16384, "hidden": 4096}
+CPU_SHAPE = {"tokens": 64, "hidden": 128}
+
+# The probe repeats what ``tuner sweep run`` does, with a clock between its steps.
+PROBE = """
+import json, sys, time
+clock = time.perf_counter
+steps = {}
+began = last = clock()
+def step(name):
+    global last
+    now = clock(); steps[name] = now - last; last = now
+import tuner.cli.main
+step("import_cli_s")
+from pathlib import Path
+from tuner.sweep.spec import load_spec
+spec = load_spec(Path(sys.argv[1]))
+step("validate_spec_s")
+from tuner.cli.errors import open_engine
+engine = open_engine(sys.argv[2])
+step("open_database_s")
+from tuner.sweep import queue
+from tuner.sweep.serve import owner_name, run_sweep
+from workers.pool import WorkerPool
+step("import_runner_s")
+pool = WorkerPool.start()
+step("pool_start_s")
+sweep_id = queue.enqueue(engine, spec)
+owner = owner_name()
+assert queue.try_claim(engine, sweep_id, owner)
+status = run_sweep(engine, sys.argv[2], sweep_id, owner, pool)
+step("sweep_s")
+pool.shutdown()
+step("shutdown_s")
+print(json.dumps({"steps": steps, "pool": pool.timings, "arch": pool.arch, "workers": len(pool.workers),
+                  "status": status.value, "total_s": clock() - began}))
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs", type=int, default=1, help="runs of each measurement (median taken)")
+    parser.add_argument("--trials", type=int, default=4, help="configs the sweep evaluates")
+    parser.add_argument("--smoke", action="store_true", help="the CPU shape even on a GPU host (a quick check)")
+
+
+def _spec(folder: Path, trials: int, gpu: bool) -> Path:
+    shape = GPU_SHAPE if gpu else CPU_SHAPE
+    spec = folder / "spec.yaml"
+    spec.write_text(f"kernel: rmsnorm_fwd\nshapes: [{{tokens: {shape['tokens']}, hidden: {shape['hidden']}}}]\n"
+                    f"strategy: {{name: random, seed: 0}}\nbudget: {{max_trials: {trials}}}\n"
+                    "timing: {warmup_ms: 1, rep_ms: 5, retime_top: 2, retime_rounds: 1, retime_warmup_ms: 1, "
+                    "retime_rep_ms: 5}\n")
+    return spec
+
+
+def _sweep_seconds(url: str) -> float:
+    from sqlalchemy import select
+
+    from db import Sweep, open_database, session_scope
+
+    with session_scope(open_database(url)) as session:
+        sweep = session.scalars(select(Sweep)).one()
+        if sweep.status != "done":
+            raise RuntimeError(f"the sweep ended {sweep.status}: {sweep.error}")
+        return (sweep.finished_at - sweep.started_at).total_seconds()
+
+
+def _command(folder: Path, spec: Path, env: dict[str, str]) -> dict[str, float]:
+    url = f"sqlite:///{folder / 'command.db'}"
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "tuner.cli", "--db", url, "sweep", "run", str(spec)], env=env,
+                            capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"tuner sweep run exited {result.returncode}: {result.stderr[-3000:]}")
+    sweep = _sweep_seconds(url)
+    return {"command_wall_s": wall, "sweep_s": sweep, "overhead_s": wall - sweep}
+
+
+def _steps(folder: Path, spec: Path, env: dict[str, str]) -> dict[str, Any]:
+    url = f"sqlite:///{folder / 'probe.db'}"
+    result = subprocess.run([sys.executable, "-c", PROBE, str(spec), url], env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"the start-up probe exited {result.returncode}: {result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.runs < 1 or args.trials < 1:
+        raise ValueError("--runs and --trials must be >= 1")
+    gpu = _gpus() > 0 and not args.smoke
+    commands, probes = [], []
+    for _ in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="startup-") as name:
+            folder = Path(name)
+            env = {**os.environ, "TRITON_CACHE_DIR": str(folder / "triton-cache"),
+                   "TUNER_TABLES_DIR": str(folder / "tables")}
+            spec = _spec(folder, args.trials, gpu)
+            commands.append(_command(folder, spec, env))
+            probes.append(_steps(folder, spec, env))
+    median = {key: statistics.median(c[key] for c in commands) for key in commands[0]}
+    steps = {key: statistics.median(p["steps"][key] for p in probes) for key in probes[0]["steps"]}
+    pool = {key: statistics.median(p["pool"][key] for p in probes) for key in probes[0]["pool"]}
+    return {"command": median, "steps": steps, "pool_start": pool, "arch": probes[0]["arch"],
+            "workers": probes[0]["workers"], "trials": args.trials, "runs": args.runs,
+            "shape": GPU_SHAPE if gpu else CPU_SHAPE, "target_overhead_s": TARGET_OVERHEAD_S,
+            "overhead_within_target": median["overhead_s"] <= TARGET_OVERHEAD_S, "cpus": os.cpu_count(),
+            "load_average_1m": os.getloadavg()[0]}
