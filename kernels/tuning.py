@@ -10,7 +10,8 @@ Every kernel launch in this project resolves its config through ``resolve``. Rul
   asked shape wins; else, among entries whose ``exact_fields`` match, the one nearest in summed
   |log2| distance over the remaining fields (ties: the smaller shape key). Source ``table``. An
   entry's keys are laid over the default, so an entry written for an older space still launches.
-* Otherwise the kernel's heuristic default. Source ``default``.
+* Otherwise the kernel's heuristic default. Source ``default``. ``TUNER_TABLES=off`` reads no
+  table at all, so every launch takes its default (a benchmark's untuned baseline).
 
 A missing, unreadable or wrong-schema table never breaks a kernel, nor does a corrupt entry (a
 config that is not an object, unknown keys, values of the wrong type, a shape key with wrong or
@@ -126,6 +127,8 @@ def table_layers(arch: str, warn: bool = True) -> list[TableLayer]:
 
 @functools.lru_cache(maxsize=None)
 def _layers(arch: str) -> tuple[TableLayer, ...]:
+    if os.environ.get("TUNER_TABLES") == "off":
+        return ()
     layers = tuple(table_layers(arch))
     if not layers:
         warnings.warn(f"no tuned table for arch {arch!r}; using heuristic defaults", stacklevel=3)

@@ -49,6 +49,17 @@ def test_exact_then_nearest_shape(tmp_path, monkeypatch):
     assert tuning.resolve("fault_probe", {"n": 150})[0]["BLOCK"] == 16
 
 
+def test_tables_off_reads_neither_layer(tmp_path, monkeypatch):
+    write_table(tmp_path / "shipped", {"fault_probe": {"n=100": entry(16)}})
+    write_table(tmp_path / "user", {"fault_probe": {"n=100": entry(8)}})
+    monkeypatch.setenv("TUNER_TABLES", "off")
+    assert tuning.resolve("fault_probe", {"n": 100}) == ({"MODE": "ok", "BLOCK": 32}, "default")
+    assert tuning.load_table(current_arch()) is None
+    monkeypatch.delenv("TUNER_TABLES")
+    tuning.clear_cache()
+    assert tuning.resolve("fault_probe", {"n": 100}) == ({"MODE": "ok", "BLOCK": 8}, "table")
+
+
 def test_exact_fields_must_match():
     kernel = registry.get("rmsnorm_fwd")
     entries = {"tokens=4096,hidden=4096": entry(1)}
