@@ -27,14 +27,16 @@ NO_WORKSPACE = dataclasses.replace(MEMORY, recompute_workspace=False)  # the mod
 TAILS = (1e-7, 2e-7)  # ms per dense / expert parameter after the last backward
 
 
-def random_layers(rng: random.Random, n: int) -> list[LayerCost]:
-    """Heterogeneous decoder layers plus a heavier MTP layer last; bytes in whole MiB so buckets are exact."""
+def random_layers(rng: random.Random, n: int, whole_mib: bool = True) -> list[LayerCost]:
+    """Heterogeneous decoder layers plus a heavier MTP layer last; bytes in whole MiB, or any byte count."""
     layers = []
     for _ in range(n - 1):
         f = rng.choice([1.0, 1.5, 2.0, 2.5, 3.0])
         params = rng.randint(1, 5) * 1_000_000
+        act, kept = ((rng.randint(20, 80) * MiB, rng.randint(2, 10) * MiB) if whole_mib else
+                     (rng.randint(20 * MiB, 80 * MiB), rng.randint(2 * MiB, 10 * MiB)))
         layers.append(LayerCost(rng.choice(["csa", "hca", "window"]), f, f * rng.choice([1.5, 2.0, 2.5]),
-                                rng.randint(20, 80) * MiB, rng.randint(2, 10) * MiB, params,
+                                act, kept, params,
                                 expert_param_count=params * rng.randint(0, 3) // 4,
                                 recompute_ms=rng.choice([None, f * 1.5])))
     layers.append(LayerCost("mtp", 3.5, 7.0, 90 * MiB, 12 * MiB, 6_000_000, 3_000_000))
@@ -155,14 +157,14 @@ def worst_rank_bytes(model: IterationModel, recompute_all: bool) -> float:
     return min(max(evaluate_bytes(model, ends, ids)) for ends in splits(len(model.layers), model.stages))
 
 
-def binding_case(seed: int, vpp: int, memory: MemoryModel = MEMORY):
+def binding_case(seed: int, vpp: int, memory: MemoryModel = MEMORY, whole_mib: bool = True):
     """A random model whose memory limit rules out the unconstrained optimum yet still admits a plan."""
     rng = random.Random(seed)
     while True:
         pp = rng.choice([2, 3]) if vpp == 1 else 2
         n = rng.randint(6, 9) if vpp == 1 else rng.randint(2 * vpp + 1, 7)
         m = rng.randint(2, 6) if vpp == 1 else 2 * rng.randint(1, 3)
-        layers = random_layers(rng, n)
+        layers = random_layers(rng, n, whole_mib)
         roomy_model = make_model(layers, math.inf, pp, vpp, m, memory)
         full = worst_rank_bytes(roomy_model, recompute_all=True)
         roomy = worst_rank_bytes(roomy_model, recompute_all=False)
@@ -208,6 +210,30 @@ def test_interleaved_matches_brute_force(seed: int, memory: MemoryModel) -> None
     assert result.lower_bound_ms <= best + 1e-9 <= result.plans[0].step_ms + 2e-9  # the proven bound holds
     for p in result.plans:
         check_plan(p, model)
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+@pytest.mark.parametrize("seed", range(10))
+def test_bytes_not_whole_mib_match_an_exhaustive_search(seed: int, vpp: int) -> None:
+    """Any byte counts, and the limit within a MiB of what the optimum needs: the search is exact on 1F1B and
+    its bound holds on interleaved (the old 1 MiB rounding missed such plans and still claimed gap 0)."""
+    model, best, policy, _ = binding_case(300 + seed, vpp=vpp, whole_mib=False)
+    assert any(b % MiB for l in model.layers for b in (l.activation_bytes, l.recompute_kept_bytes))
+    result = search([model], keep=1)
+    if vpp == 1:
+        assert result.plans[0].step_ms == pytest.approx(best, abs=1e-9) and result.gap == pytest.approx(0, abs=1e-12)
+    else:
+        assert result.plans[0].step_ms == pytest.approx(policy, abs=1e-9)
+        assert result.lower_bound_ms <= best + 1e-9
+    check_plan(result.plans[0], model)
+    ends = tuple(itertools.accumulate(len(s.layer_ids) for s in result.plans[0].layout.stages))
+    needed = max(evaluate_bytes(model, ends, frozenset(result.plans[0].recompute_layer_ids)))
+    tight = dataclasses.replace(model, capacity_bytes=needed + random.Random(seed).randint(1, MiB - 1))
+    tight_best, tight_policy, _ = brute_force(tight)
+    again = search([tight], keep=1)
+    assert again.plans[0].step_ms == pytest.approx(tight_best if vpp == 1 else tight_policy, abs=1e-9)
+    assert again.lower_bound_ms <= tight_best + 1e-9
+    check_plan(again.plans[0], tight)
 
 
 @pytest.mark.parametrize(("seed", "vpp"), [(0, 1), (1, 1), (100, 2), (101, 2), (102, 2), (200, 3), (201, 3), (202, 3)])

@@ -21,6 +21,7 @@ The steps, in order:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import time
@@ -42,7 +43,8 @@ from v4.config import ModelConfig, PresetError, load_preset
 from v4.layout import megatron_recompute
 
 DEFAULT_TOLERANCE = 0.002  # prune what cannot beat the best plans by more than 0.2 %
-SEARCH_NODES = 4_000  # partial splits expanded per request, shared by its (pp, vpp): a V4-Flash request in seconds
+SEARCH_NODES = 4_000  # partial splits expanded per request, shared by its (pp, vpp)
+MIN_NODES = 100  # per (pp, vpp), however many there are
 
 
 class RequestError(ValueError):
@@ -177,6 +179,7 @@ class Resolved:
             raise RequestError("ep", str(exc)) from None
 
 
+@functools.lru_cache(maxsize=32)
 def training_flops(config: ModelConfig, seq: int) -> float:
     """Model FLOPs per trained token (``v4.flops``; recompute not counted)."""
     from v4.flops import model_flops  # imports torch, so only when a request does not give the figure
@@ -310,7 +313,7 @@ def plan_request(engine: Engine, request: PlanRequest | Resolved, calibration: C
     start = time.process_time()
     resolved = request if isinstance(request, Resolved) else resolve(engine, request, calibration)
     models = resolved.models()
-    per_model = None if nodes is None else max(100, nodes // len(models))
+    per_model = None if nodes is None else max(MIN_NODES, nodes // len(models))
     result = search(models, keep=resolved.request.top, tolerance=tolerance, max_nodes=per_model)
     cpu_s = time.process_time() - start
     outcome = Outcome(resolved, result, staleness(engine, resolved), 0, cpu_s)

@@ -20,9 +20,11 @@ optimal the best plan can be; 0 when the per-stage least times fit together).
 Per virtual stage the recompute choices form a Pareto frontier of (bytes kept per microbatch,
 added ms), built by a knapsack over the stage's layers that keeps only frontier points. A
 rank's choice is a small branch and bound over its stages' frontiers under every in-flight
-vector of the schedule. Bytes are counted in buckets of ``byte_granularity`` (1 MiB), each
-layer rounded *up*, so a returned plan truly fits; with byte counts that are multiples of the
-granularity the frontier is exact.
+vector of the schedule. Bytes are counted exactly (``byte_granularity`` 1, the default): the
+frontier, the feasibility test and every bound see the bytes the memory model prices. (With a
+coarser granularity each layer is rounded *up*: a returned plan still fits, but a plan that fits
+by less than the rounding is missed and the bound may be above the true optimum, so the search
+no longer proves optimality; only tests of the rounding use it.)
 
 The recompute workspace (``MemoryModel.workspace_bytes``: the largest ``activation_bytes -
 recompute_kept_bytes`` over the layers a rank recomputes) is a max, not a sum, so it does not
@@ -35,6 +37,12 @@ optimum, and the least per level of each proven bound is a proven bound. The bou
 ahead (``_future``, ``room_for_rest``, the split bound) leave the workspace out: it only adds
 memory, so they stay lower bounds, if looser ones.
 
+Two bounds cut whole subtrees before any recompute is chosen: each rank's *wall* (``_room_ms``:
+with every layer recomputed, the static bytes and the least activation bytes per ms of new work
+cap how much layer work it can still take, so a model whose weights cannot fit is pruned at its
+root), and under 1F1B the *chain* (``_chained_bound``): stage r's last backward waits for the
+work of every stage before it, so the stages not placed yet count in the bound too.
+
 Splits are enumerated depth-first, chunk by chunk, each chunk's end tried nearest the even
 share of the remaining work first, with branch and bound on :meth:`_Prepared.bound`.
 ``max_nodes`` caps the partial splits expanded per model; what is left unexplored then only lowers
@@ -43,6 +51,7 @@ share of the remaining work first, with branch and bound on :meth:`_Prepared.bou
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -54,7 +63,7 @@ import numpy as np
 from tuner.plan.costs import LayerCost, MemoryModel
 from tuner.plan.iteration import IterationModel, Plan
 from v4.layout import parse_layout
-from tuner.plan.schedule import in_flight_peaks, megatron_schedule
+from tuner.plan.schedule import CompiledSchedule, in_flight_peaks, megatron_schedule
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -182,7 +191,6 @@ class _Prepared:
                           for c in range(C)]
         self.extra_params = [(c == 0) * e.embedding_params + (c == C - 1) * e.head_params for c in range(C)]
         self.peaks = in_flight_peaks(self.pp, self.vpp, self.m)
-        self.schedule = megatron_schedule(self.pp, self.vpp, self.m)
         mtp = layers[-1]
         min_layer = min((l.forward_ms + l.backward_ms for l in layers[:-1]), default=0.0)
         # floor[c]: least layer work chunk c can get (chunk 0 may hold only the embedding, the last holds MTP)
@@ -213,6 +221,8 @@ class _Prepared:
             return min((value(l) / (l.forward_ms + l.backward_ms) for l in worked), default=0.0)
 
         self.bytes_per_ms = per_ms(lambda l: l.activation_bytes)
+        self.kept_per_ms = per_ms(lambda l: l.recompute_kept_bytes)
+        self.static_raw_per_ms = per_ms(lambda l: mem.static_bytes(l.param_count, l.expert_param_count))
         self.static_per_ms = per_ms(lambda l: mem.static_bytes(l.param_count, l.expert_param_count)) / (
             mem.activation_factor)
         self.tail_per_ms = per_ms(lambda l: model.tail_ms(l.param_count, l.expert_param_count))
@@ -228,6 +238,12 @@ class _Prepared:
         self.picked: list[_Choice] = [_Choice(math.inf, (), ())] * self.pp
         self.exact = [True] * self.pp
         self._solved: dict[tuple, tuple[float, tuple[int, ...], tuple[int, ...], float] | None] = {}
+        self._futures: dict[tuple, list[tuple[float, float, float]]] = {}
+
+    @functools.cached_property
+    def schedule(self) -> CompiledSchedule:
+        """The compiled op order, built on the first simulated split: a model pruned at its root never needs it."""
+        return megatron_schedule(self.pp, self.vpp, self.m)
 
     # -- memory and recompute ---------------------------------------------------------------
     def _avail(self, r: int, more_params: float = 0.0) -> float:
@@ -363,6 +379,30 @@ class _Prepared:
         return need <= room
 
     # -- time -------------------------------------------------------------------------------
+    def _room_ms(self, r: int, k: int) -> float:
+        """The most layer work (ms) rank ``r`` can still take with every layer recomputed: a wall in its level
+        curve (``-inf``: even its placed stages and unplaced extras overflow).
+
+        Its heaviest in-flight vector L must fit: the static bytes of its parameters and those of its
+        unplaced embedding / head, the placed stages' least bytes (all recomputed, weighted by L), the
+        unplaced stages' extras (L-weighted) and, per ms of new work, at least ``static_raw_per_ms``
+        plus ``kept_per_ms`` times the smallest L entry of an unplaced stage (the fewest microbatches
+        any new layer can be held for), activations scaled by the fragmentation factor. Each term is
+        a least value, so the room is at least the true one: the wall never cuts off a completion.
+        """
+        mem = self.model.memory
+        heavy = self.heavy[r]
+        unplaced = [heavy[v] for v in range(self.vpp) if r + v * self.pp >= k]
+        if not unplaced:
+            return 0.0
+        free = (self.model.capacity_bytes - mem.fixed_bytes
+                - mem.static_bytes(self.params[r] + self.rest_params_r[k][r], self.experts[r])
+                - mem.activation_factor * (self.full[r] - self.freeable[r] + self.rest_fixed_act[k][r]))
+        per_ms = self.static_raw_per_ms + mem.activation_factor * self.kept_per_ms * min(unplaced)
+        if free < 0:
+            return -math.inf
+        return math.inf if per_ms <= 0 else free / per_ms
+
     def _future(self, r: int, k: int) -> list[tuple[float, float, float]]:
         """Rank ``r``'s least extra recompute ``e(x)`` if it takes ``x`` ms more layer work: convex pieces
         ``(x_i, e_i, slope_i)`` from ``x_0 = 0``.
@@ -380,6 +420,12 @@ class _Prepared:
         own least total (``total``, already in the rank's work), sampled at every breakpoint
         and zero crossing so it stays below.
         """
+        key = (r, k, self.full[r], self.freeable[r], self.total[r], self.params[r], self.experts[r])
+        if key not in self._futures:  # the other ranks' state repeats while the search moves one rank's chunk
+            self._futures[key] = self._future_uncached(r, k)
+        return self._futures[key]
+
+    def _future_uncached(self, r: int, k: int) -> list[tuple[float, float, float]]:
         heavy = self.heavy[r]
         placed = [heavy[v] for v in range(self.vpp) if r + v * self.pp < k]
         unplaced = sorted({heavy[v] for v in range(self.vpp) if r + v * self.pp >= k})
@@ -451,6 +497,7 @@ class _Prepared:
         fchain = fbchain = 0.0
         top = 0.0
         curves = []
+        ranks = []  # per open rank, for the 1F1B chain through the unplaced stages (_chained_bound)
         for r in range(pp):
             work = m * (self.work[r] + fixed[r])
             own = fchain + tail(self.params[r] + fixed_params[r], self.experts[r]) + work
@@ -464,17 +511,26 @@ class _Prepared:
             if not opened[r]:
                 top = max(top, own, chained)
                 continue
-            curve = _level_curve(own, chained, self.tail_per_ms, m, self._future(r, k))
+            room = self._room_ms(r, k)
+            if room < floors[r]:  # not even the least work its unplaced stages need fits
+                return math.inf
+            future = self._future(r, k)
+            curve = _level_curve(own, chained, self.tail_per_ms, m, future)
             top = max(top, _on_curve(curve, floors[r]))
-            curves.append(curve)
+            curves.append((curve, room))
+            ranks.append((chained, curve, future, room, fixed[r]))
         if top > threshold or not curves:
             return top
         events = []  # (level, change of d(layer work placed)/d(level) there)
-        for curve in curves:
+        for curve, room in curves:
             rate = 0.0
-            for _, level, slope in curve:
+            for x, level, slope in curve:
+                if x >= room:
+                    break
                 events.append((level, 1 / slope - rate))
                 rate = 1 / slope
+            if math.isfinite(room):  # the wall: past it the rank takes no more work at any level
+                events.append((_on_curve(curve, room), -rate))
         need = self.F[self.n] + self.B[self.n] - self.F[pos] - self.B[pos]
         events.sort()
         placed = rate = 0.0
@@ -483,8 +539,13 @@ class _Prepared:
             if rate > 0 and placed + rate * (at - level) >= need:
                 break
             placed += rate * (at - level)
-            level, rate = at, rate + change
-        return max(top, level + (need - placed) / rate)
+            level, rate = at, max(0.0, rate + change)
+        if rate <= 1e-12 and placed < need * (1 - 1e-9):  # the open ranks' rooms cannot hold the work left
+            return math.inf
+        filled = max(top, level + (need - placed) / rate) if rate > 1e-12 else max(top, level)
+        if self.vpp > 1 or filled > threshold:
+            return filled
+        return _chained_bound(ranks, m, need, filled, threshold)
 
     def step(self, least: bool = False) -> float:
         """Simulated step of the placed split with each rank's chosen recompute (or per-stage least times)."""
@@ -587,6 +648,64 @@ class _Search:
             self.unresolved = min(self.unresolved, max(bound, prep.step(least=True)))
 
 
+def _inverse(pieces: Sequence[tuple[float, float, float]], y: float) -> float:
+    """The largest ``x`` where an increasing convex piecewise-linear ``(x_i, value_i, slope_i)`` stays <= ``y``
+    (-1 when even its start is above)."""
+    if y < pieces[0][1]:
+        return -1.0
+    x, value, slope = next(p for p in reversed(pieces) if p[1] <= y)
+    return x + (y - value) / slope if slope > 0 else math.inf
+
+
+def _chained_bound(ranks: Sequence[tuple[float, list, list, float, float]], m: int, need: float, low: float,
+                   threshold: float) -> float:
+    """The 1F1B bound with the open ranks chained: at least ``low`` (the water filling's level).
+
+    Under 1F1B rank ``r``'s last op, B(m-1) of stage r, comes after microbatch 0's forward and
+    microbatch m-1's backward through every stage before it, so ``step >= sum_{s<r} W_s + m W_r
+    + tail_0`` with ``W_s`` the whole work of stage s. The water filling prices the stages not
+    placed yet at zero in that sum; here each open rank ``s`` adds what it takes, its extras plus
+    ``x_s`` (its recompute left out: a relaxation). At a level T the open ranks, in order, take the
+    most work each can (its level curve, its chain term, its memory wall); taking less on an
+    earlier rank frees at most 1/m of it for each later one, so this greedy places the most work
+    any split can at T, and the least T that places all the work left is a lower bound. Found by
+    bisection, keeping the lower end; above ``threshold`` only that it is above is established.
+    """
+
+    def placeable(level: float) -> float:
+        total = prefix = 0.0
+        for chained, curve, future, room, fixed in ranks:
+            budget = (level - chained - prefix) / m  # x + e(x) must stay within it
+            excess = [(x, x + e, 1 + slope) for x, e, slope in future] or [(0.0, 0.0, 1.0)]
+            x = min(room, _inverse(curve, level), _inverse(excess, budget))
+            if x < 0:
+                return -1.0
+            total += x
+            prefix += fixed + x
+        return total
+
+    enough = need * (1 - 1e-12)
+    if math.isfinite(threshold):
+        if placeable(threshold) < enough:
+            return math.nextafter(threshold, math.inf)  # the node is pruned: above is all that matters
+        high = threshold
+    else:
+        high = max(low, 1e-9) * 2
+        for _ in range(64):
+            if placeable(high) >= enough:
+                break
+            high *= 2
+        else:
+            return math.inf
+    for _ in range(24):
+        middle = (low + high) / 2
+        if placeable(middle) >= enough:
+            high = middle
+        else:
+            low = middle
+    return low
+
+
 def _level_curve(own: float, chained: float, tail_per_ms: float, m: int,
                  excess: Sequence[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
     """``T(x) = max(own + tail_per_ms x, chained) + m (x + e(x))`` as convex pieces ``(x_i, T_i, slope_i)`` from 0."""
@@ -638,7 +757,7 @@ def _build_plan(prep: _Prepared, starts: tuple[int, ...], ends: tuple[int, ...],
     return Plan(layout, tuple(sorted(recompute)), model, model.evaluate(layout, recompute))
 
 
-def search(models: Sequence[IterationModel], *, keep: int = 5, byte_granularity: int = MiB,
+def search(models: Sequence[IterationModel], *, keep: int = 5, byte_granularity: int = 1,
            tolerance: float = 0.0, max_nodes: int | None = None) -> SearchResult:
     """The ``keep`` fastest plans over ``models`` (each one (pp, vpp)) that fit every rank's memory.
 
