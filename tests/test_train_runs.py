@@ -141,3 +141,16 @@ def test_profile_layers_stores_one_row_per_kind(tmp_path) -> None:
     assert profiles["window/hash"].p2p_bytes == streams and profiles["head"].p2p_bytes == 0
     layer = profiles["csa/learned"]
     assert layer.expert_params == 4 * 3 * config.expert_ffn * config.hidden  # 8 experts / ep 2, w13 and w2
+
+
+@pytest.mark.parametrize("layout, stages", [("Et*43m|L", 2), ("Et*20|t*23|m|L", 4), ("Et*3|(tt|)*20,m|L", 23)])
+def test_a_layout_without_pp_runs_one_stage_per_rank(tmp_path, layout: str, stages: int) -> None:
+    """Without --pp the layout's own stage count is the pipeline size, whatever virtual stage the MTP layer is in."""
+    db = f"sqlite:///{tmp_path / 'tuner.db'}"
+    args = ["--model", "v4-flash", "--layout", layout, "--gbs", str(2 * stages), "--seq", "4096", "--iters", "2",
+            "--world", str(stages), "--device", "cpu"]
+    code, out = tuner(db, "train", "queue", *args)
+    assert code == 0, out
+    code, out = tuner(db, "train", "queue", *args, "--pp", str(stages))
+    assert code == 0, out
+    assert [(row.request["pp"], row.request["layout"]) for row in rows(db)] == [(stages, layout)] * 2
