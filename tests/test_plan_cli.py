@@ -266,3 +266,26 @@ def test_output_fits_80_columns_and_the_block_holds_the_whole_layout(db: str, mo
     assert re.search(rf"^layout +{re.escape(short)} *$", out, re.M), out
     assert parse_layout(short, 43, data["plans"][0]["pp"]) == parse_layout(data["plans"][0]["layout"], 43,
                                                                             data["plans"][0]["pp"])
+
+
+def test_a_request_is_resolved_once(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One plan, or a sweep of node counts, loads the preset and the profiles once: the search, the report and
+    the staleness check read the one resolved request."""
+    calls = {"preset": 0, "costs": 0}
+
+    def counted(name: str, function):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    import tuner.plan.profiles as profiles_module
+    import tuner.plan.request as request_module
+
+    monkeypatch.setattr(request_module, "load_preset", counted("preset", request_module.load_preset))
+    monkeypatch.setattr(profiles_module, "load_preset", counted("preset", profiles_module.load_preset))
+    monkeypatch.setattr(request_module, "load_costs", counted("costs", request_module.load_costs))
+    plan(db, *FLASH, "--nodes", "8", "--report", "/dev/null")
+    assert calls == {"preset": 1, "costs": 1}
+    plan(db, *FLASH, "--nodes", "4,8,16")
+    assert calls == {"preset": 2, "costs": 2}
