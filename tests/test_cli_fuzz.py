@@ -155,7 +155,9 @@ def test_a_malformed_table_is_named_by_tables_show_and_kept_by_export(tmp_path, 
     assert "sm_90.json" in output
     code, output = _invoke(db, ["tables", "show", "--arch", "sm_90", "--dir", str(folder)])
     _assert_clean_error(code, output, reason)
-    assert (folder / "sm_90.json").read_bytes() == content
+    code, output = _invoke(db, ["export", "--arch", "sm_90", "--out", str(folder)])  # merging into it
+    _assert_clean_error(code, output, "--no-merge replaces it")
+    assert (folder / "sm_90.json").read_bytes() == content and len(list(folder.iterdir())) == 1
 
 
 def test_a_malformed_user_table_is_named_by_tables_show(tmp_path, monkeypatch):
