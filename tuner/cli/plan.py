@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
@@ -110,7 +109,7 @@ def plan(
         return
     from db import default_url
     from tuner.cli.errors import open_engine
-    from tuner.plan.request import PlanRequest, RequestError, plan_request, resolve
+    from tuner.plan.request import PlanRequest, RequestError, plan_node_counts, plan_request
     from tuner.plan.validate import starting_calibration
 
     with _user_errors():
@@ -131,9 +130,7 @@ def plan(
 
         calibration = starting_calibration(engine, gpu_kind(request.gpu).device_name)
         if len(counts) > 1:
-            start = time.process_time()
-            rows = _sweep(engine, resolve(engine, request, calibration, sweep=True), counts)
-            rows["cpu_s"] = time.process_time() - start
+            rows = plan_node_counts(engine, request, counts, calibration)
         else:
             outcome = plan_request(engine, request, calibration)
             if report is not None:
@@ -229,35 +226,6 @@ def print_outcome(outcome: Outcome, report: Path | None = None) -> None:
 
 
 # -- a node sweep ---------------------------------------------------------------------------
-
-
-def _sweep(engine: Any, resolved: Resolved, counts: list[int]) -> dict[str, Any]:
-    """Plan every node count from the one resolved request: per count the best plan or why none fits."""
-    from tuner.plan.request import RequestError, plan_request
-    from tuner.plan.search import NoPlanFits
-
-    rows = []
-    for n in counts:
-        at = resolved.for_nodes(n)
-        try:
-            outcome = plan_request(engine, at)
-        except (RequestError, NoPlanFits) as exc:
-            why = (f"--{exc.field.replace('_', '-')}: {exc.reason}" if isinstance(exc, RequestError)
-                   else _no_fit(exc))
-            rows.append({"nodes": n, "fits": False, "why": why})
-            continue
-        best = outcome.plan_dict(outcome.plans[0])
-        rows.append({"nodes": n, "fits": True, "plan": best, "gap": outcome.result.gap, "cpu_s": outcome.cpu_s,
-                     "plan_id": outcome.plan_id, "peak_bytes": max(s["total_bytes"] for s in best["stages"])})
-    fitting = [row["nodes"] for row in rows if row["fits"]]
-    return {"resolved": resolved, "rows": rows, "smallest_fitting": min(fitting, default=None)}
-
-
-def _no_fit(exc: Any) -> str:
-    """A NoPlanFits in one table cell: where it came closest, and by how much it missed."""
-    what = "weights + optimizer alone" if exc.static_bytes > exc.capacity_bytes else "with every layer recomputed"
-    return (f"nothing fits: at best pp {exc.pp} x vpp {exc.vpp} rank {exc.rank} is "
-            f"{exc.overflow_bytes / GiB:.1f} GiB over, {what}")
 
 
 def _print_sweep(sweep: dict[str, Any], json_out: bool) -> None:

@@ -26,6 +26,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
@@ -42,6 +43,7 @@ from tuner.plan.search import SearchResult, search
 from v4.config import ModelConfig, PresetError, load_preset
 from v4.layout import megatron_recompute
 
+GiB = 1 << 30
 DEFAULT_TOLERANCE = 0.002  # prune what cannot beat the best plans by more than 0.2 %
 SEARCH_NODES = 4_000  # partial splits expanded per request, shared by its (pp, vpp)
 MIN_NODES = 100  # per (pp, vpp), however many there are
@@ -318,6 +320,42 @@ def plan_request(engine: Engine, request: PlanRequest | Resolved, calibration: C
     cpu_s = time.process_time() - start
     outcome = Outcome(resolved, result, staleness(engine, resolved), 0, cpu_s)
     return dataclasses.replace(outcome, plan_id=_store(engine, outcome))
+
+
+def plan_node_counts(engine: Engine, request: PlanRequest, counts: Sequence[int],
+                     calibration: Calibration | None = None) -> dict[str, Any]:
+    """Plan ``request`` on every node count of ``counts``, resolving it once (its ``nodes`` is ignored).
+
+    Returns ``rows`` (per count: ``fits`` with the best plan, its gap, peak bytes and CPU time,
+    or why nothing fits), ``smallest_fitting`` (None when none fits), ``cpu_s`` (the whole sweep,
+    resolving included) and ``resolved``. Raises what :func:`resolve` raises.
+    """
+    from tuner.plan.search import NoPlanFits
+
+    start = time.process_time()
+    resolved = resolve(engine, request, calibration, sweep=True)
+    rows: list[dict[str, Any]] = []
+    for n in counts:
+        began = time.process_time()
+        try:
+            outcome = plan_request(engine, resolved.for_nodes(n))
+        except RequestError as exc:
+            rows.append({"nodes": n, "fits": False, "why": f"--{exc.field.replace('_', '-')}: {exc.reason}",
+                         "cpu_s": time.process_time() - began})
+            continue
+        except NoPlanFits as exc:
+            what = "weights + optimizer alone" if exc.static_bytes > exc.capacity_bytes else "with every layer recomputed"
+            rows.append({"nodes": n, "fits": False, "why": f"nothing fits: at best pp {exc.pp} x vpp {exc.vpp} rank "
+                         f"{exc.rank} is {exc.overflow_bytes / GiB:.1f} GiB over, {what}",
+                         "cpu_s": time.process_time() - began})
+            continue
+        best = outcome.plan_dict(outcome.plans[0])
+        rows.append({"nodes": n, "fits": True, "plan": best, "gap": outcome.result.gap,
+                     "lower_bound_ms": outcome.result.lower_bound_ms, "cpu_s": outcome.cpu_s,
+                     "plan_id": outcome.plan_id, "peak_bytes": max(s["total_bytes"] for s in best["stages"])})
+    fitting = [row["nodes"] for row in rows if row["fits"]]
+    return {"resolved": resolved, "rows": rows, "smallest_fitting": min(fitting, default=None),
+            "cpu_s": time.process_time() - start}
 
 
 def current_tables_key(profile_key: str) -> str | None:
