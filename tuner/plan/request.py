@@ -39,7 +39,7 @@ from tuner.plan.hardware import GpuKind, UnknownGpu, gpu_kind
 from tuner.plan.iteration import IterationModel, Plan, PlanInputs
 from tuner.plan.parallel import Cluster, Parallelism, ParallelismError, parallelisms
 from tuner.plan.profiles import LoadedCosts, ProfilesMissing, load_costs
-from tuner.plan.search import SearchResult, search
+from tuner.plan.search import NoPlanFits, SearchResult, search
 from v4.config import ModelConfig, PresetError, load_preset
 from v4.layout import megatron_recompute
 
@@ -322,6 +322,13 @@ def plan_request(engine: Engine, request: PlanRequest | Resolved, calibration: C
     return dataclasses.replace(outcome, plan_id=_store(engine, outcome))
 
 
+def no_fit_reason(exc: NoPlanFits) -> str:
+    """A NoPlanFits in one line: where it came closest, by how much it missed, and whether weights alone do."""
+    what = "weights + optimizer alone" if exc.static_bytes > exc.capacity_bytes else "with every layer recomputed"
+    return (f"nothing fits: at best pp {exc.pp} x vpp {exc.vpp} rank {exc.rank} is {exc.overflow_bytes / GiB:.1f} "
+            f"GiB over, {what}")
+
+
 def plan_node_counts(engine: Engine, request: PlanRequest, counts: Sequence[int],
                      calibration: Calibration | None = None) -> dict[str, Any]:
     """Plan ``request`` on every node count of ``counts``, resolving it once (its ``nodes`` is ignored).
@@ -330,8 +337,6 @@ def plan_node_counts(engine: Engine, request: PlanRequest, counts: Sequence[int]
     or why nothing fits), ``smallest_fitting`` (None when none fits), ``cpu_s`` (the whole sweep,
     resolving included) and ``resolved``. Raises what :func:`resolve` raises.
     """
-    from tuner.plan.search import NoPlanFits
-
     start = time.process_time()
     resolved = resolve(engine, request, calibration, sweep=True)
     rows: list[dict[str, Any]] = []
@@ -344,10 +349,7 @@ def plan_node_counts(engine: Engine, request: PlanRequest, counts: Sequence[int]
                          "cpu_s": time.process_time() - began})
             continue
         except NoPlanFits as exc:
-            what = "weights + optimizer alone" if exc.static_bytes > exc.capacity_bytes else "with every layer recomputed"
-            rows.append({"nodes": n, "fits": False, "why": f"nothing fits: at best pp {exc.pp} x vpp {exc.vpp} rank "
-                         f"{exc.rank} is {exc.overflow_bytes / GiB:.1f} GiB over, {what}",
-                         "cpu_s": time.process_time() - began})
+            rows.append({"nodes": n, "fits": False, "why": no_fit_reason(exc), "cpu_s": time.process_time() - began})
             continue
         best = outcome.plan_dict(outcome.plans[0])
         rows.append({"nodes": n, "fits": True, "plan": best, "gap": outcome.result.gap,
