@@ -101,8 +101,12 @@ class LocalCluster:
 
         # short: Ray's socket paths live under it
         self.temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+        # A node is declared dead 2-3 s after its raylet stops answering (Ray's default: about 15 s).
+        health = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
+                  "health_check_initial_delay_ms": 1000}
         self.cluster = Cluster(initialize_head=True, connect=False,
-                               head_node_args={"num_cpus": 1, "num_gpus": 0, "temp_dir": self.temp_dir})
+                               head_node_args={"num_cpus": 1, "num_gpus": 0, "temp_dir": self.temp_dir,
+                                               "_system_config": health})
         self.address = self.cluster.address
         self._forget_address()
         self.nodes = [self.add_node() for _ in range(workers)]
@@ -124,6 +128,7 @@ class LocalCluster:
         """SIGKILL the raylet of ``node`` (its workers follow it)."""
         os.kill(node.all_processes["raylet"][0].process.pid, signal.SIGKILL)
         self.nodes.remove(node)
+        self.cluster.remove_node(node, allow_graceful=False)  # the rest of its processes; out of the node count
 
     def shutdown(self) -> None:
         """Stop every process of the cluster, agents included (Ray leaves those of a killed raylet running)."""

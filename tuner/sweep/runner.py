@@ -32,7 +32,7 @@ from typing import Any
 
 import optuna
 import ray
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, case, select, update
 from sqlalchemy.orm import Session
 
 from db import Sweep, SweepStatus, Trial, TrialStatus, retrying, session_scope
@@ -48,6 +48,7 @@ from workers.pool import WorkerPool
 
 # Times a config goes back in line after the worker measuring it died, before it is recorded as a crash.
 MAX_REQUEUES = 2
+PING_EVERY_S = 2.0  # how often a dead worker is asked whether Ray has restarted it
 # Compile workers hold a copy of the inputs on the GPU; all of them together may use this
 # share of its memory, else the benchmarking children compile for themselves.
 COMPILE_MEMORY_SHARE = 0.25
@@ -63,12 +64,14 @@ def _screening_metrics(trial: Trial) -> dict[str, Any]:
     return {k: v for k, v in trial.metrics.items() if not k.startswith("retime_")}
 
 
-def reusable_trial(session: Session, identity: str) -> Trial | None:
-    """The first stored trial of ``identity`` whose verdict another sweep may take (see ``REUSABLE``)."""
+def reusable_trial(session: Session, identity: str, own_sweep: int | None = None) -> Trial | None:
+    """The first stored trial of ``identity`` whose verdict another sweep may take (see ``REUSABLE``);
+    before any of them, ``own_sweep``'s own trial of it, whatever its verdict (one query for both)."""
+    reusable = Trial.status.in_(REUSABLE) & (Trial.error.is_(None) | Trial.error.not_like("%OutOfMemoryError%"))
+    own = Trial.sweep_id == (own_sweep if own_sweep is not None else -1)
     return session.scalars(
-        select(Trial).where(Trial.identity == identity, Trial.status.in_(REUSABLE),
-                            Trial.error.is_(None) | Trial.error.not_like("%OutOfMemoryError%"))
-        .order_by(Trial.id).limit(1)
+        select(Trial).where(Trial.identity == identity, reusable | own)
+        .order_by(case((own, 0), else_=1), Trial.id).limit(1)
     ).first()
 
 
@@ -111,7 +114,10 @@ class SweepRunner:
         self.engine, self.storage, self.sweep_id, self.owner, self.pool = engine, storage, sweep_id, owner, pool
         self.lease_s = lease_s
         self.lease: queue.Lease | None = None
-        self.down: dict[Any, int] = {}  # a ping of each dead worker -> its index; back in use when it answers
+        # Dead workers: a ping of each -> its index, back in use when it answers; a worker whose ping
+        # failed (Ray has not restarted it yet) waits in ``resting`` until its next ping is due.
+        self.down: dict[Any, int] = {}
+        self.resting: dict[int, float] = {}
         self.on_progress = on_progress or (lambda *_: None)
         sweep = queue.get_sweep(engine, sweep_id)
         self.spec = SweepSpec.model_validate(sweep.spec)
@@ -215,7 +221,7 @@ class SweepRunner:
         ready: deque[Pending] = deque()
         compiling: dict[Any, Pending] = {}
         benching: dict[Any, tuple[Pending, int]] = {}
-        idle = [i for i in range(len(self.pool.workers)) if i not in self.down.values()]
+        idle = self._live_workers()
         compile_ahead = self._compiles_ahead(state.shape)
         lookahead = 2 * len(self.pool.workers) + (self.pool.compile_slots if compile_ahead else 0)
         timeout_s = self.timing.trial_timeout_s
@@ -260,6 +266,7 @@ class SweepRunner:
             dispatch()
             if not (ready or compiling or benching):
                 return
+            self._ping_resting()
             waiting = [*compiling, *benching, *self.down]
             done, _ = ray.wait(waiting, num_returns=1, timeout=1.0)
             if done:
@@ -283,7 +290,7 @@ class SweepRunner:
                         idle.append(worker)
                         finished.append((pending, result, worker))
                         continue
-                    self._worker_died(worker)
+                    self._ping(worker)
                     if pending.requeues < MAX_REQUEUES:
                         pending.requeues += 1
                         ready.appendleft(pending)
@@ -317,22 +324,28 @@ class SweepRunner:
         except ray.exceptions.RayError as exc:
             return {"status": "crash", "error": f"worker failed: {exc}"[:4000]}
 
-    def _worker_died(self, worker: int) -> None:
-        """Take ``worker`` out of use until Ray has restarted it (on its node, or wherever a device is free)."""
+    def _ping(self, worker: int) -> None:
+        """Take ``worker`` out of use until it answers a ping: Ray restarts a dead worker on its node, or
+        wherever a device is free."""
         self.down[self.pool.workers[worker].restarts.remote()] = worker
 
     def _revived(self, ping: Any) -> bool:
-        """Whether the restarted worker answered its ping; a worker Ray gave up on is asked again."""
+        """Whether the worker answered its ping; one that is not back yet rests before the next ping."""
         try:
             ray.get(ping)
             return True
         except ray.exceptions.RayError:
-            worker = self.down.pop(ping)
-            self._worker_died(worker)
+            self.resting[self.down.pop(ping)] = time.monotonic() + PING_EVERY_S
             return False
 
+    def _ping_resting(self) -> None:
+        for worker, due in list(self.resting.items()):
+            if time.monotonic() >= due:
+                del self.resting[worker]
+                self._ping(worker)
+
     def _live_workers(self) -> list[int]:
-        return [i for i in range(len(self.pool.workers)) if i not in self.down.values()]
+        return [i for i in range(len(self.pool.workers)) if i not in self.down.values() and i not in self.resting]
 
     def _screen(self, state: ShapeState, proposal: Proposal) -> Pending | None:
         """A proposal that must be measured, or None when it was pruned or answered from the DB."""
@@ -351,7 +364,7 @@ class SweepRunner:
         """Answer a proposal from this sweep's own record of its identity (any verdict), or from an
         earlier sweep's reusable one; True if either existed."""
         with session_scope(self.engine) as session:
-            previous = self._recorded(session, identity) or reusable_trial(session, identity)
+            previous = reusable_trial(session, identity, own_sweep=self.sweep_id)
             if previous is None:
                 return False
             if previous.sweep_id != self.sweep_id:
@@ -392,12 +405,17 @@ class SweepRunner:
     def _record(self, state: ShapeState, pending: Pending, result: dict[str, Any], worker: int | None) -> None:
         """Commit a finished trial, then report it (a kill in between only repeats the report)."""
         info = self.pool.infos[worker] if worker is not None else {}
-        metrics = {**result.get("metrics", {}), **({"busy_s": result["busy_s"]} if "busy_s" in result else {})}
+        metrics = {**result.get("metrics", {}), **({"busy_s": result["busy_s"]} if "busy_s" in result else {}),
+                   **({"requeued": pending.requeues} if pending.requeues else {})}
+
+        attempts = 0
 
         def write() -> None:  # retried while the database is out of reach: at most one row per identity
+            nonlocal attempts
+            attempts += 1
             with session_scope(self.engine) as session:
-                if self._recorded(session, pending.identity) is not None:
-                    return
+                if attempts > 1 and self._recorded(session, pending.identity) is not None:
+                    return  # the failed attempt's commit went through before the connection broke
                 session.add(self._trial(
                     state.key, pending.config, pending.identity, status=result["status"],
                     median_ms=result.get("median_ms"), p20_ms=result.get("p20_ms"), p80_ms=result.get("p80_ms"),
