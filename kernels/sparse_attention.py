@@ -13,7 +13,9 @@ The entries of query s (positions in this order; the kernels walk them in ``TILE
   from s in the kernel (no index tensor); any other ratio above 0 except 4 pools the same way
   (the ``tiny`` proxy preset's HCA layers use 16);
 * CSA (``compress_ratio`` 4): ``kv_compressed[indices[s, k]]`` for every slot k of the indexer's
-  top-k, -1 = padding wherever it stands (V4's public semantics; see ``sparse_attention``).
+  top-k, -1 = padding wherever it stands (V4's public semantics; see ``sparse_attention``). Each
+  launch first compacts the rows (``_compact_picks``: picks first, -1 after), so that a query's
+  picks end at its first -1 in the kernels.
 
 Forward (``sparse_attn_fwd``): one program per (query, block of ``BLOCK_H`` heads). Each gathered
 ``[TILE_K, 512]`` entry tile is loaded once for the block's heads: logits = Q @ E^T on tensor cores,
@@ -131,15 +133,15 @@ def _is_pick(t, SC):
 
 
 @triton.jit
-def _entry_count(idx_ptr, b, s, S, SC, TOPK, WINDOW, RATIO: tl.constexpr, TOPK_BLOCK: tl.constexpr):
-    """Entry positions of query s: its window, then its compressed slots. CSA walks its row up to
-    its last pick: padding before it is skipped slot by slot (``_gather_entries``), padding after
-    it costs nothing, so the indexer's layout (picks first, -1 after) walks its picks alone."""
+def _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO: tl.constexpr, TOPK_BLOCK: tl.constexpr):
+    """Entry positions of query s: its window, then its compressed slots. CSA rows come compacted
+    (``_compact_picks``: picks first, -1 after), so a query's picks end at its first -1; counting
+    them once here lets every tile test its entries by position alone."""
     n = tl.minimum(s + 1, WINDOW)
     if RATIO == _CSA:
         slots = tl.arange(0, TOPK_BLOCK)
         picks = tl.load(idx_ptr + (b * S + s).to(tl.int64) * TOPK + slots, mask=slots < TOPK, other=-1)
-        n += tl.max(tl.where(_is_pick(picks, SC), slots + 1, 0), axis=0)
+        n += tl.min(tl.where(picks < 0, slots, TOPK), axis=0)
     elif RATIO != 0:
         n += (s + 1) // RATIO
     return n
@@ -152,21 +154,18 @@ def _gather_entries(kv_ptr, kvc_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv
 
     Returns it with its row mask and each row's destination in the entry-gradient buffer (kv rows,
     then ``kv_rows`` on the compressed rows; -1 when masked). Each row picks its pointer from kv
-    (window positions) or kv_compressed, so a tile may mix both. A masked row (a position past
-    ``p_end``, a CSA slot of padding) reads the query's own kv row rather than nothing: the loads
-    need no predicate, and the callers mask its logits.
+    (window positions) or kv_compressed, so a tile may mix both. A masked row reads the query's
+    own kv row rather than nothing: the loads need no predicate, and the callers mask its logits.
     """
     n_win = tl.minimum(s + 1, WINDOW)
-    in_range = pos < p_end
-    in_win = in_range & (pos < n_win)
-    in_comp = in_range & (pos >= n_win)
+    valid = pos < p_end
+    in_win = valid & (pos < n_win)
+    in_comp = valid & (pos >= n_win)
     c = pos - n_win
     if RATIO == _CSA:
-        t = tl.load(idx_ptr + (b * S + s).to(tl.int64) * TOPK + c, mask=in_comp, other=-1)
-        in_comp = in_comp & _is_pick(t, SC)
+        t = tl.load(idx_ptr + (b * S + s).to(tl.int64) * TOPK + c, mask=in_comp, other=0)
     else:
         t = c
-    valid = in_win | in_comp
     kv_row = (b * S + tl.where(in_win, s + 1 - n_win + pos, s)).to(tl.int64)
     c_row = (b * SC + t).to(tl.int64)
     ptrs = tl.where(in_comp[:, None], kvc_ptr + c_row[:, None] * _D, kv_ptr + kv_row[:, None] * _D)
@@ -293,7 +292,7 @@ def _sparse_attn_fwd_kernel(
     # UNCHAINED's scratch: the program's own o rows, written only at the end (see _attend_tile).
     p_scratch = o_ptr + ((b * S + s).to(tl.int64) * H + tl.program_id(1) * BLOCK_H) * _D
     alpha_scratch = (p_scratch + 2 * BLOCK_H * TILE_K).to(tl.pointer_type(tl.float32))
-    n_pos = _entry_count(idx_ptr, b, s, S, SC, TOPK, WINDOW, RATIO, TOPK_BLOCK)
+    n_pos = _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO, TOPK_BLOCK)
     # With a TAIL_K tile, the TILE_K tiles stop where at most TAIL_K positions remain, and one
     # TAIL_K tile takes those: a query's last partial tile is then at most TAIL_K wide.
     n_main = tl.maximum(n_pos - TAIL_K, 0) if TAIL_K > 0 else n_pos
@@ -360,7 +359,7 @@ def _sparse_attn_bwd_kernel(
     cols_t = tl.arange(0, _D)[:, None]
     dq = tl.zeros([BLOCK_H, _D], dtype=tl.float32)
     scratch = dq_ptr + ((b * S + s).to(tl.int64) * H + hb * BLOCK_H) * _D  # UNCHAINED's, two halves of 2 tiles
-    n_pos = tl.minimum(p_end, _entry_count(idx_ptr, b, s, S, SC, TOPK, WINDOW, RATIO, TOPK_BLOCK))
+    n_pos = tl.minimum(p_end, _entry_count(idx_ptr, b, s, S, TOPK, WINDOW, RATIO, TOPK_BLOCK))
     for p0 in range(p_begin, n_pos, TILE_K):
         pos = p0 + tl.arange(0, TILE_K)
         e, valid, dest = _gather_entries(kv_ptr, kvc_ptr, idx_ptr, pos, s, b, S, SC, TOPK, WINDOW, kv_rows,
@@ -482,13 +481,13 @@ def _entry_constexprs(config: Config, heads: int, topk: int) -> dict[str, Any]:
 
 def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, sink: Tensor, ratio: int,
              window: int, config: Config, compile_only: bool = False) -> tuple[Tensor, Tensor]:
-    """``(o [B, S, H, 512] bf16, lse [B, S, H] fp32)`` of contiguous inputs."""
+    """``(o [B, S, H, 512] bf16, lse [B, S, H] fp32)`` of contiguous inputs (CSA rows in any layout)."""
     batch, seq, heads, n_comp, topk = _geometry(q, kvc, indices)
+    picks = kv if indices is None else _compact_picks(indices, n_comp, compile_only)
     o = torch.empty_like(q)
     lse = torch.empty(batch, seq, heads, dtype=torch.float32, device=q.device)
     if config.get("GLUON"):
         check_gluon("the forward", sparse_attention_sm90.fits(config, heads))
-        picks = kv if indices is None else _compact_picks(indices, n_comp, compile_only)
         sparse_attention_sm90.launch_forward(q, kv, kv if kvc is None else kvc, picks,
                                              sink, o, lse, n_comp, topk, ratio, window, SOFTMAX_SCALE * _LOG2E,
                                              config["GLUON"], bool(config.get("LATE_FIRST")), compile_only)
@@ -496,8 +495,8 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
     launch(
         _sparse_attn_fwd_kernel,
         (seq, cdiv(heads, config["BLOCK_H"]), batch),
-        (q, kv, kv if kvc is None else kvc, kv if indices is None else indices, sink, o, lse,
-         seq, heads, n_comp, topk, window, SOFTMAX_SCALE * _LOG2E),
+        (q, kv, kv if kvc is None else kvc, picks, sink, o, lse, seq, heads, n_comp, topk, window,
+         SOFTMAX_SCALE * _LOG2E),
         {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "TAIL_K": config.get("TAIL_K", 0),
          "RESCALE_SLACK": config.get("RESCALE_SLACK", 0), "LATE_FIRST": bool(config.get("LATE_FIRST")),
          **_entry_constexprs(config, heads, topk)},
@@ -509,9 +508,15 @@ def _forward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None, 
 
 def _compact_picks(indices: Tensor, n_comp: int, compile_only: bool = False) -> Tensor:
     """CSA rows ``[B, S, topk]`` with each row's picks first and -1 after: the same entries, so the
-    same attention, in the layout the Gluon forward reads (see ``kernels.sparse_attention_sm90``).
-    One pass over the rows (8 MiB at Flash's 4,096 x 512), against a forward that reads 2 GiB of
-    gathered entries."""
+    same attention, in the layout every launch reads (a query's picks end at its first -1).
+
+    Why a pass of its own (8 MiB read and written at Flash's 4,096 x 512, each direction, against
+    a forward that gathers 2 GiB of entries): masking padding slot by slot inside the tile loops
+    made the mask depend on the loaded ids, which costs a layout conversion a tile; offline sm_90
+    (Triton 3.6), the CSA loop bodies grew from 758 to 955 instructions (forward) and from 1,471
+    to 1,853 (the tuned backward, spills 440 -> 488 B), and in the Gluon forward 3-6 registers a
+    thread (mode 6 at 255) and a ptxas crash (mode 3).
+    """
     out = torch.empty_like(indices)
     batch, seq, topk = indices.shape
     launch(_compact_picks_kernel, (batch * seq,), (indices, out, n_comp, topk),
@@ -524,6 +529,7 @@ def _backward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None,
               compile_only: bool = False) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
     """``(dq, dkv, dkv_compressed or None, dsink)`` of contiguous inputs (see the module doc)."""
     batch, seq, heads, n_comp, topk = _geometry(q, kvc, indices)
+    picks = kv if indices is None else _compact_picks(indices, n_comp, compile_only)
     kv_rows, rows = batch * seq, batch * (seq + n_comp)
     if config["DKV_MODE"] not in DKV_MODES:
         raise ValueError(f"DKV_MODE must be one of {DKV_MODES}, got {config['DKV_MODE']!r}")
@@ -548,8 +554,7 @@ def _backward(q: Tensor, kv: Tensor, kvc: Tensor | None, indices: Tensor | None,
         launch(
             _sparse_attn_bwd_kernel,
             (seq, head_blocks, batch),
-            (q, kv, kv if kvc is None else kvc, kv if indices is None else indices, sink, o, lse, do,
-             dq, dsink, slots if split else grads, dest if split else grads,
+            (q, kv, kv if kvc is None else kvc, picks, sink, o, lse, do, dq, dsink, slots if split else grads, dest if split else grads,
              seq, heads, n_comp, topk, window, kv_rows, SOFTMAX_SCALE * _LOG2E, SOFTMAX_SCALE,
              p_begin, p_begin + chunk),
             {"RATIO": ratio, "BLOCK_H": config["BLOCK_H"], "TILE_K": config["TILE_K"], "SPLIT": split,
@@ -758,9 +763,9 @@ def sparse_attention(q: Tensor, kv: Tensor, sink: Tensor, compress_ratio: int,
       each -1 is skipped on its own, wherever it stands, and every slot is read (a pick listed
       twice counts twice). Picks are not tested for causality (``t < (s + 1) // 4``): the caller's
       indexer owns that, as the project's does. A value outside ``[-1, S // 4)`` is refused where
-      values are checked; unchecked, the kernel skips it as padding (it never reads out of
-      bounds). Cost: a query walks its row up to its last pick, so the indexer's layout (picks
-      first, -1 after) costs its picks alone, and padding between picks costs a masked slot each.
+      values are checked; unchecked, the kernels skip it as padding (they never read out of
+      bounds). Cost: each launch first compacts the rows in one pass over ``indices``
+      (``_compact_picks``), then a query walks its window and its picks alone.
 
     Differentiable in q, kv, sink and kv_compressed. Launch parameters come from
     ``kernels.tuning.resolve``.
@@ -778,7 +783,8 @@ def sparse_attention(q: Tensor, kv: Tensor, sink: Tensor, compress_ratio: int,
 
 
 def entries_attended(shape: Shape) -> int:
-    """Entries all queries attend, as the kernels see them (CSA: ``min(topk, (s + 1) // 4)`` valid picks)."""
+    """Entries all queries of the registered inputs attend (CSA: ``make_inputs`` gives query s
+    ``min(topk, (s + 1) // 4)`` picks)."""
     s = torch.arange(1, shape["seq"] + 1)  # s + 1
     count = s.clamp(max=shape["window"])
     if shape["ratio"] == CSA_RATIO:
@@ -822,7 +828,7 @@ def _bytes_bwd(shape: Shape) -> int:
 
 def _random_indices(batch: int, seq: int, topk: int, gen: torch.Generator, device: torch.device) -> Tensor:
     """CSA picks ``[B, S, topk]`` int32: ``min(topk, (s + 1) // 4)`` distinct causal entries in random
-    order in the first slots, -1 after (the layout the indexer writes and the kernels read)."""
+    order in the first slots, -1 after (the layout the indexer writes; the kernels read any)."""
     n_comp = seq // CSA_RATIO
     s = torch.arange(seq, device=device)[:, None]
     scores = torch.rand(batch, seq, max(n_comp, topk), generator=gen, device=device)

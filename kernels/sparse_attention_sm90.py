@@ -19,9 +19,7 @@ hides each query's start and end behind its neighbours' tiles; 6 overlaps only a
 Same math, inputs and outputs as the Triton forward (the sink and window folded in, the
 natural-log LSE saved for the backward); one fixed tiling: 64 heads, 64 entries a tile, 8 warps.
 CSA rows come compacted (``kernels.sparse_attention._compact_picks``: each row's picks first, -1
-after), so a query's picks end at its first -1 here; masking padding slot by slot in the logits'
-layout took 3-6 more registers a thread in modes 2, 4 and 6 (255 in mode 6) and crashed ptxas in
-mode 3 (offline sm_90, Triton 3.6).
+after), so a query's picks end at its first -1 here.
 Gluon has no interpreter mode, so this form runs on sm_90 GPUs only; its parity tests run there.
 """
 
