@@ -156,7 +156,7 @@ def test_fit_line_keeps_its_bounds() -> None:
 def test_missing_profiles_say_how_to_profile(tmp_path) -> None:
     code, _, out = tuner(f"sqlite:///{tmp_path / 'tuner.db'}", "plan", "validate", *ARGS)
     out = " ".join(out.split())
-    assert code == 2 and "no window/hash" in out and "tuner profile layers --model tiny --seq 64 --mbs 1" in out, out
+    assert code == 2 and "no measured profiles of tiny" in out and "tuner profile layers --model tiny --seq 64 --mbs 1" in out, out
     assert "or pass --profile" in out and not ray.is_initialized()
 
 

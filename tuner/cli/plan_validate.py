@@ -113,7 +113,7 @@ def plan_validate(
                 resolved = resolve_device(device)
                 request = PlanRequest.parse(**fields, gpu=_gpu_name(resolved, gpu))
                 if profile:  # at ep 1: the training runs have no expert parallelism
-                    measure_layers(engine, config, seq, mbs, 1, kernels, resolved)
+                    measure_layers(engine, config, seq, mbs, 1, kernels, resolved, show=False)
                 try:
                     load_costs(engine, gpu_kind(request.gpu).device_name, model, seq, mbs, 1, kernels)
                 except ProfilesMissing as exc:

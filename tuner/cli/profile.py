@@ -81,9 +81,10 @@ def profile_layers_command(
 
 
 def measure_layers(engine: Engine, config: ModelConfig, seq: int, mbs: int, ep: int, kernels: str, device: str,
-                   warmup: int | None = None, reps: int | None = None, trace: Path | None = None) -> None:
+                   warmup: int | None = None, reps: int | None = None, trace: Path | None = None,
+                   show: bool = True) -> None:
     """Profile every layer kind of ``config`` on ``device`` (cpu or cuda), store the rows with their
-    provenance (device, toolchain, kernel-table key) and print them."""
+    provenance (device, toolchain, kernel-table key) and, with ``show``, print them."""
     from kernels.provenance import kernel_tables, tables_key
     from tuner.cli.display import console
     from tuner.plan import profiles
@@ -102,7 +103,9 @@ def measure_layers(engine: Engine, config: ModelConfig, seq: int, mbs: int, ep: 
     tables = tables_key(kernel_tables(kernels))
     profiles.store_profiles(engine, costs, gpu_kind=kind, gpu_memory_bytes=memory, model=config.name, seq=seq, mbs=mbs,
                             ep=ep, kernel_tables=tables, toolchain=describe_device()["versions"])
-    console.print(train_display.profile_table(costs, f"{config.name} on {kind}: seq {seq}, mbs {mbs}, ep {ep}, {tables}"))
+    if show:
+        console.print(train_display.profile_table(costs, f"{config.name} on {kind}: seq {seq}, mbs {mbs}, ep {ep}, "
+                                                         f"{tables}"))
 
 
 def _ranks_per_node(device: str) -> tuple[int, int]:
