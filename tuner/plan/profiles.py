@@ -7,6 +7,10 @@ of that (GPU kind, model, seq, mbs, ep), whatever its kernel tables, and maps ev
 the model to its kind with the preset (``v4.config.layer_kind``: the attention type from the
 layer's compress ratio, hash routing for the first ``hash_layers`` layers, the MTP layer).
 
+When the database has no rows of the GPU kind at the key, ``load_costs`` reads the profiles
+shipped with the package for that kind (``tuner.plan.packaged``) and says so in
+``LoadedCosts.source``; a database row, even of an incomplete set, always wins over them.
+
 The EP all-to-all (``tuner profile alltoall``) is stored apart, one row per (GPU kind, model,
 seq, mbs, ep) in ``tuner_alltoall_profiles``: it depends on neither the layer kind (every V4
 layer has the same MoE volume) nor the kernel tables, so the loader needs one lookup by the key
