@@ -29,6 +29,7 @@ profile_app = typer.Typer(help="Measure per-layer costs for the planner, and exp
 
 # What the profile commands report in words (``module:Class``: looked up only once the module is loaded).
 ERRORS = ("tuner.train.profile_layers:ProfileError", "tuner.plan.profiles:ProfileError", "v4.config:PresetError",
+          "v4.config:ModelArgumentError",
           "workers.alltoall_runner:AlltoallRunError", "tuner.plan.packaged:NothingToExport",
           "tuner.plan.hardware:UnknownGpu", "builtins:OSError")
 
