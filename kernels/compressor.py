@@ -67,6 +67,7 @@ import triton
 import triton.language as tl
 
 from kernels import zero_at_rest
+from kernels.contracts import check_same_device
 from kernels.host_math import cdiv, next_pow2
 from kernels.launch import launch
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
@@ -345,12 +346,14 @@ class _CompressorPool(torch.autograd.Function):
 def compressor_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
     """Pooled entries ``c [B, S // r, d]`` of the V4 compressor; differentiable in kv, score and ape.
 
-    ``kv`` and ``score [B, S, coff*d]`` (both bf16 or both fp32) are the two projections,
-    ``ape [r, coff*d]`` (any float dtype) the position bias; the ratio r is ``ape.shape[0]``
-    (4: CSA, overlapping windows, coff 2; any other, e.g. 128 for HCA: coff 1). The output
-    has kv's dtype, the gradients their inputs' dtypes. Launch parameters come from
-    ``kernels.tuning.resolve``.
+    Contract: ``kv`` and ``score [B, S, coff*d]`` (both bf16 or both fp32, B and S >= 1) are the
+    two projections, ``ape [r, coff*d]`` (any float dtype) the position bias; the ratio r is
+    ``ape.shape[0]`` (4: CSA, overlapping windows, coff 2; any other, e.g. 128 for HCA: coff 1);
+    a trailing partial group of ``S % r`` tokens makes no entry; all on one device, any strides
+    (copied). The output has kv's dtype, the gradients their inputs' dtypes. Launch
+    parameters come from ``kernels.tuning.resolve``.
     """
+    check_same_device(kv=kv, score=score, ape=ape)
     if kv.dim() != 3 or score.shape != kv.shape:
         raise ValueError(f"kv and score must both be [B, S, coff*d], got {list(kv.shape)} and {list(score.shape)}")
     if kv.dtype not in (torch.bfloat16, torch.float32) or score.dtype != kv.dtype:

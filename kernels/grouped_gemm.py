@@ -63,6 +63,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.arch import INTERPRETER_ARCH, current_arch
+from kernels.contracts import check_integer, check_same_device, values_checked
 from kernels.host_math import cdiv, next_pow2
 from kernels.launch import launch, tma_usable
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
@@ -426,12 +427,15 @@ def expert_mlp(
 ) -> Tensor:
     """``y [T, D]`` bf16: each token's routed expert MLP (clamped SwiGLU) times its routing weight.
 
-    ``x_sorted [T, D]`` bf16 sorted by expert, ``expert_offsets [E+1]`` int32, ``weights [T]``
-    fp32, ``w13 [E, 2F, D]`` (gate rows, then up rows) and ``w2 [E, D, F]`` bf16.
-    Differentiable in x, weights, w13 and w2. With ``grad_buffers = (dW13, dW2)`` (fp32 or
-    bf16, shaped like the weights) the weight gradients are added to those buffers in place
-    (as to Megatron's ``main_grad``) and w13/w2 get no ``.grad``. Launch parameters come
-    from ``kernels.tuning.resolve``.
+    Contract: ``x_sorted [T, D]`` bf16 sorted by expert; ``expert_offsets [E+1]`` int32 or int64,
+    expert e's rows ``offsets[e] .. offsets[e+1]``: ``offsets[0] == 0``, non-decreasing,
+    ``offsets[E] == T`` (an expert may have no rows; the kernels walk rows by these bounds, so
+    they are checked where ``kernels.contracts`` checks values); ``weights [T]`` float (fp32
+    used); ``w13 [E, 2F, D]`` (gate rows, then up rows) and ``w2 [E, D, F]`` bf16; all on one
+    device, any strides (copied). Differentiable in x, weights, w13 and w2. With
+    ``grad_buffers = (dW13, dW2)`` (contiguous fp32 or bf16, shaped like the weights) the
+    weight gradients are added to those buffers in place (as to Megatron's ``main_grad``) and
+    w13/w2 get no ``.grad``. Launch parameters come from ``kernels.tuning.resolve``.
     """
     n_experts, two_ffn, hidden = w13.shape
     n_rows = x_sorted.shape[0]
@@ -446,7 +450,13 @@ def expert_mlp(
             raise ValueError(f"{name} must be {list(shape)} for w13 {list(w13.shape)}, got {list(tensor.shape)}")
     if x_sorted.dtype != torch.bfloat16 or w13.dtype != torch.bfloat16 or w2.dtype != torch.bfloat16:
         raise ValueError(f"x, w13 and w2 must be bfloat16, got {x_sorted.dtype}, {w13.dtype}, {w2.dtype}")
+    if not weights.is_floating_point():
+        raise ValueError(f"weights must be a float tensor, got {weights.dtype}")
+    check_integer("expert_offsets", expert_offsets)
     grad_w13, grad_w2 = grad_buffers or (None, None)
+    check_same_device(x_sorted=x_sorted, expert_offsets=expert_offsets, weights=weights, w13=w13, w2=w2,
+                      grad_w13=grad_w13, grad_w2=grad_w2)
+    _check_offsets(expert_offsets, n_rows)
     for buffer, weight in ((grad_w13, w13), (grad_w2, w2)):
         if buffer is not None and (buffer.shape != weight.shape or buffer.dtype not in (torch.float32, torch.bfloat16)
                                    or not buffer.is_contiguous()):
@@ -454,6 +464,16 @@ def expert_mlp(
                              f"got {list(buffer.shape)} {buffer.dtype}")
     return _ExpertMLP.apply(x_sorted.contiguous(), expert_offsets.int().contiguous(), weights.float().contiguous(),
                             w13.contiguous(), w2.contiguous(), grad_w13, grad_w2)
+
+
+def _check_offsets(offsets: Tensor, n_rows: int) -> None:
+    """ValueError unless ``offsets`` start at 0, never decrease and end at ``n_rows`` (where values are checked)."""
+    if not values_checked(offsets):
+        return
+    bounds = offsets.tolist()
+    if bounds[0] != 0 or bounds[-1] != n_rows or any(a > b for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"expert_offsets must rise from 0 to the {n_rows} rows of x_sorted without decreasing, "
+                         f"got {bounds}")
 
 
 # ----- eager references ---------------------------------------------------------------

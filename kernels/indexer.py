@@ -93,6 +93,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import indexer_sm90
 from kernels.arch import INTERPRETER_ARCH, current_arch
+from kernels.contracts import check_same_device
 from kernels.host_math import cdiv, next_pow2
 from kernels.launch import check_gluon, ensure_scratch_allocator, launch, tma_usable
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
@@ -553,8 +554,9 @@ def indexer_topk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The top-k visible compressed entries of each query: ``(indices, scores)``, both ``[B, S, topk]``.
 
-    ``q_i [B, S, H, D]`` and ``k_i [B, S // ratio, D]`` bf16, ``w [B, S, H]`` bf16 or fp32.
-    Query s sees entries ``t < (s + 1) // ratio``. ``indices`` (int32) lists each query's
+    Contract: ``q_i [B, S, H, D]`` and ``k_i [B, S // ratio, D]`` bf16, ``w [B, S, H]`` bf16 or
+    fp32, all on one device, any strides (copied); ``topk`` and ``ratio`` ints >= 1 (a topk past
+    the visible entries pads). Query s sees entries ``t < (s + 1) // ratio``. ``indices`` (int32) lists each query's
     picks in ascending index order, then -1 padding where it sees fewer than topk;
     ``scores`` (fp32) holds their index scores, -inf at the padding. Equal scores go to the
     lower index. Not differentiable (the indexer's gradient path is frozen). Launch
@@ -564,8 +566,9 @@ def indexer_topk(
         raise ValueError(f"need q_i [B, S, H, D], k_i [B, Sc, D], w [B, S, H]; got {list(q_i.shape)}, "
                          f"{list(k_i.shape)}, {list(w.shape)}")
     batch, seq, heads, dim = q_i.shape
-    if ratio < 1 or topk < 1:
-        raise ValueError(f"ratio and topk must be positive, got {ratio} and {topk}")
+    if not isinstance(ratio, int) or not isinstance(topk, int) or ratio < 1 or topk < 1:
+        raise ValueError(f"ratio and topk must be positive ints, got {ratio!r} and {topk!r}")
+    check_same_device(q_i=q_i, k_i=k_i, w=w)
     if tuple(k_i.shape) != (batch, seq // ratio, dim) or tuple(w.shape) != (batch, seq, heads):
         raise ValueError(f"for q_i {list(q_i.shape)} and ratio {ratio}, k_i must be [{batch}, {seq // ratio}, {dim}] "
                          f"and w [{batch}, {seq}, {heads}]; got {list(k_i.shape)} and {list(w.shape)}")

@@ -52,6 +52,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.arch import INTERPRETER_ARCH, current_arch
+from kernels.contracts import check_same_device
 from kernels.grouped_gemm import _mma
 from kernels.host_math import cdiv, next_pow2
 from kernels.launch import ensure_scratch_allocator, launch, tma_usable
@@ -565,11 +566,13 @@ def mhc_glue(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gates of one mHC sub-layer from the residual ``h [..., 4, D]`` (bf16 or fp32).
 
-    ``fn [24, 4D]``, ``base [24]`` and ``scale [3]`` are fp32. Returns fp32 ``pre [..., 4]``,
+    Contract: ``h [..., 4, D]`` bf16 or fp32, any strides (copied); ``fn [24, 4D]``, ``base [24]``
+    and ``scale [3]`` fp32; all on one device. Returns fp32 ``pre [..., 4]``,
     ``post [..., 4]`` and the Sinkhorn logits ``comb [..., 4, 4]``; differentiable in h and in
     every parameter. Launch parameters come from ``kernels.tuning.resolve``.
     """
     _check_residual(h)
+    check_same_device(h=h, fn=fn, base=base, scale=scale)
     width = STREAMS * h.shape[-1]
     _check_fp32("fn", fn, (_N_LOGITS, width))
     _check_fp32("base", base, (_N_LOGITS,))
@@ -818,9 +821,11 @@ class _Expand(torch.autograd.Function):
 def mhc_collapse(h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     """``u = sum_j pre_j * h_j``: the sub-layer input from ``h [..., 4, D]`` and fp32 ``pre [..., 4]``.
 
-    u has h's dtype (bf16 or fp32), accumulated in fp32; differentiable in h and pre.
+    Contract: ``h [..., 4, D]`` bf16 or fp32, ``pre [..., 4]`` fp32 on h's device, any strides
+    (copied). u has h's dtype, accumulated in fp32; differentiable in h and pre.
     """
     _check_residual(h)
+    check_same_device(h=h, pre=pre)
     _check_fp32("pre", pre, (*h.shape[:-1],))
     return _Collapse.apply(h, pre)
 
@@ -828,11 +833,13 @@ def mhc_collapse(h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
 def mhc_expand(f: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """``h'_k = post_k * f + sum_j comb[j, k] * h_j``: the residual after a sub-layer.
 
-    ``f [..., D]`` is the sub-layer's output in h's dtype, ``post [..., 4]`` and the Sinkhorn
-    matrix ``comb [..., 4, 4]`` are fp32. h' has h's shape and dtype, accumulated in fp32;
+    Contract: ``h [..., 4, D]`` bf16 or fp32; ``f [..., D]``, the sub-layer's output, in h's
+    dtype; ``post [..., 4]`` and the Sinkhorn matrix ``comb [..., 4, 4]`` fp32; all on one
+    device, any strides (copied). h' has h's shape and dtype, accumulated in fp32;
     differentiable in every input.
     """
     _check_residual(h)
+    check_same_device(f=f, h=h, post=post, comb=comb)
     if f.shape != h.shape[:-2] + h.shape[-1:] or f.dtype != h.dtype:
         raise ValueError(f"f must be {list(h.shape[:-2] + h.shape[-1:])} {h.dtype}, got {list(f.shape)} {f.dtype}")
     _check_fp32("post", post, (*h.shape[:-1],))

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.contracts import check_same_device
 from kernels.host_math import cdiv, next_pow2
 from kernels.launch import launch
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
@@ -177,11 +178,16 @@ class _RMSNorm(torch.autograd.Function):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = DEFAULT_EPS) -> torch.Tensor:
-    """RMS-normalise ``x [..., D]`` (bf16 or fp32) over its last dim; differentiable in x and weight.
+    """RMS-normalise ``x [..., D]`` over its last dim; differentiable in x and weight.
 
-    ``weight [D]`` is optional and may be x's dtype or fp32. The output has x's dtype;
-    launch parameters come from ``kernels.tuning.resolve``.
+    Contract: ``x`` a float tensor of at least one dim (bf16 or fp32 in V4; fp16 and fp64 run
+    too), any strides (copied into contiguous rows); the optional ``weight [D]`` in x's dtype
+    or fp32, on x's device. The output has x's dtype; launch parameters come from
+    ``kernels.tuning.resolve``.
     """
+    if x.dim() < 1 or not x.is_floating_point():
+        raise ValueError(f"x must be a float tensor [..., D], got {list(x.shape)} {x.dtype}")
+    check_same_device(x=x, weight=weight)
     if weight is not None:
         if weight.shape != x.shape[-1:] or weight.dtype not in (x.dtype, torch.float32):
             raise ValueError(

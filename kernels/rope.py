@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.contracts import check_same_device
 from kernels.host_math import cdiv, next_pow2
 from kernels.launch import launch
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
@@ -116,13 +117,16 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float = DEFAULT_THETA, inver
     """Rotate dims 448..511 of every head of ``x [..., H, 512]`` by integer positions ``pos [...]``.
 
     Pairs ``(2i, 2i+1)`` turn by ``pos * theta^(-2i/64)``; ``inverse`` turns them back (the
-    attention output's de-rotation). Returns a new tensor of x's dtype whose first 448 dims
-    equal x's; differentiable in x. Launch parameters come from ``kernels.tuning.resolve``.
+    attention output's de-rotation). Contract: ``x [..., H, 512]`` any float dtype, ``pos``
+    (x's leading dims) any integer dtype on x's device, any value (angles taken in fp32, as the
+    reference does); any strides (copied). Returns a new tensor of x's dtype whose first 448
+    dims equal x's; differentiable in x. Launch parameters come from ``kernels.tuning.resolve``.
     """
     if x.dim() < 2 or x.shape[-1] != HEAD_DIM or not x.dtype.is_floating_point:
         raise ValueError(f"x must be a float tensor [..., heads, {HEAD_DIM}], got {list(x.shape)} {x.dtype}")
     if pos.shape != x.shape[:-2] or pos.dtype.is_floating_point or pos.dtype == torch.bool:
         raise ValueError(f"pos must be integer {list(x.shape[:-2])}, got {list(pos.shape)} {pos.dtype}")
+    check_same_device(x=x, pos=pos)
     return _Rope.apply(x, pos, theta, inverse)
 
 

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.contracts import check_integer, check_range, check_same_device
 from kernels.host_math import cdiv, next_pow2
 from kernels.launch import launch
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
@@ -224,15 +225,21 @@ def route(
 
     Learned routing (default): top-k of ``sqrt(softplus(logits)) + bias``, equal scores
     taking the lowest expert index first. Hash routing: pass ``token_ids [N]`` and the
-    ``tid2eid [vocab, k]`` table (ids are not range-checked: that would sync with the host);
-    ``bias`` is then unused. Weights are differentiable in ``logits`` (computed in fp32;
-    other float dtypes are upcast); launch parameters come from ``kernels.tuning.resolve``.
+    ``tid2eid [vocab, k]`` table; ``bias`` is then unused. Weights are differentiable in
+    ``logits``; launch parameters come from ``kernels.tuning.resolve``.
+
+    Contract: ``logits [N, E]`` any float dtype (upcast to fp32), ``1 <= topk <= E``, ``bias [E]``;
+    ``token_ids [N]`` and ``tid2eid [vocab, topk]`` int32 or int64, token ids in ``[0, vocab)``
+    and the table's expert ids in ``[0, E)`` (the kernel gathers with them: an id out of range
+    reads out of bounds, so they are checked where ``kernels.contracts`` checks values); all
+    on one device, any strides (copied).
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [tokens, experts], got {list(logits.shape)}")
     n_tokens, n_experts = logits.shape
     if not 1 <= topk <= n_experts:
         raise ValueError(f"topk must be in [1, {n_experts}], got {topk}")
+    check_same_device(logits=logits, bias=bias, token_ids=token_ids, tid2eid=tid2eid)
     if (token_ids is None) != (tid2eid is None):
         raise ValueError("hash routing needs both token_ids and tid2eid")
     if tid2eid is not None:
@@ -241,6 +248,10 @@ def route(
                 f"hash routing needs tid2eid [vocab, {topk}] and token_ids [{n_tokens}], "
                 f"got {list(tid2eid.shape)} and {list(token_ids.shape)}"
             )
+        check_integer("token_ids", token_ids)
+        check_integer("tid2eid", tid2eid)
+        check_range("token_ids", token_ids, 0, tid2eid.shape[0], "rows of tid2eid")
+        check_range("tid2eid", tid2eid, 0, n_experts, "expert ids")
         tid2eid, token_ids, bias = tid2eid.contiguous(), token_ids.contiguous(), None
     elif bias is not None:
         if bias.shape != (n_experts,):

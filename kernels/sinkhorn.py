@@ -165,13 +165,14 @@ class _Sinkhorn(torch.autograd.Function):
 def sinkhorn(logits: torch.Tensor, iters: int = DEFAULT_ITERS, eps: float = DEFAULT_EPS) -> torch.Tensor:
     """Sinkhorn–Knopp projection of ``logits [..., 4, 4]``; fp32 result, differentiable in logits.
 
-    Computed in fp32 (other float dtypes are upcast first); launch parameters come from
-    ``kernels.tuning.resolve``.
+    Contract: ``logits [..., 4, 4]`` of any float dtype (upcast to fp32 first), any strides
+    (copied); ``iters`` an int >= 1 (row and column normalisations after the softmax). Launch
+    parameters come from ``kernels.tuning.resolve``.
     """
-    if logits.shape[-2:] != (4, 4):
-        raise ValueError(f"logits must be [..., 4, 4], got {list(logits.shape)}")
-    if iters < 1:
-        raise ValueError(f"iters must be >= 1, got {iters}")
+    if logits.shape[-2:] != (4, 4) or not logits.is_floating_point():
+        raise ValueError(f"logits must be a float [..., 4, 4], got {list(logits.shape)} {logits.dtype}")
+    if not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"iters must be an int >= 1, got {iters!r}")
     return _Sinkhorn.apply(logits.float(), iters, eps)
 
 
