@@ -9,13 +9,15 @@ server left running.
 
 from __future__ import annotations
 
+import os
+import signal
 from datetime import datetime, timedelta, timezone
 
 import pytest
 import yaml
 
-from tests.fleet import (REAL_CLUSTER, LocalCluster, assert_measured_once, new_tag, serve, status, trials,
-                         wait_for_trials, wait_until_gone)
+from tests.fleet import (REAL_CLUSTER, LocalCluster, assert_measured_once, new_tag, serve, status,
+                         tagged_processes, trials, wait_for_trials, wait_until_gone)
 from tests.test_service import FAST_TIMING, queued
 
 local_only = pytest.mark.skipif(bool(REAL_CLUSTER), reason="kills node processes of a cluster on this machine")
@@ -107,6 +109,9 @@ def test_the_head_restarted_while_serve_runs(tmp_path, cluster):
     server = serve(db, tag, address=address)  # not --drain: it would wait for more sweeps
     wait_for_trials(db, sweep_id, 1, server)
     local.shutdown()  # the head and its nodes; a restarted head is a new cluster
+    for pid in tagged_processes(tag):  # and the server's workers, which would finish their trials unheaded
+        if pid != server.pid:
+            os.kill(pid, signal.SIGKILL)
     _, err = server.communicate(timeout=120)
     assert server.returncode == 3, err[-3000:]
     assert "stopped answering" in err and f"sweep(s) {sweep_id} back in the queue" in err

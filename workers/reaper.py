@@ -82,8 +82,11 @@ class Reaper:
     def release(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             assert self._proc.stdin is not None
-            self._proc.stdin.write(RELEASE)
-            self._proc.stdin.close()
+            try:
+                self._proc.stdin.write(RELEASE)
+                self._proc.stdin.close()
+            except OSError:  # the watcher is gone already
+                pass
             self._proc.wait()
         self._proc = None
 
