@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported by the functions that need it: the CLI reads arch names without it
+    import torch
 
 INTERPRETER_ARCH = "interp"
 
@@ -18,7 +20,11 @@ def interpreter_active() -> bool:
 @functools.lru_cache(maxsize=None)
 def current_arch() -> str:
     """``sm_90`` on an H100/H200, ``gfx942``-style names on AMD, ``interp`` on the CPU interpreter."""
-    if interpreter_active() or not torch.cuda.is_available():
+    if interpreter_active():
+        return INTERPRETER_ARCH
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_available():
         return INTERPRETER_ARCH
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     if torch.version.hip:
@@ -33,6 +39,8 @@ def backend_of(arch: str) -> str:
 
 def kernel_device() -> torch.device:
     """The device kernel inputs live on: the GPU, or the CPU under the interpreter."""
+    import torch
+
     if current_arch() == INTERPRETER_ARCH:
         return torch.device("cpu")
     return torch.device("cuda", torch.cuda.current_device())

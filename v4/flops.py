@@ -26,8 +26,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-import torch
-
 from v4.config import CSA_RATIO, STREAMS, ModelConfig
 
 _MHC_PER_SUBLAYER = 2 * STREAMS * 24 + 2 * STREAMS + 2 * (STREAMS + STREAMS * STREAMS)  # × D
@@ -58,12 +56,24 @@ class Flops:
         return 3 * (self.forward - self.indexer) + self.indexer
 
 
+def _sum_closed(n: int, ratio: int) -> int:
+    """``sum over s = 1..n of floor(s / ratio)``: ``ratio`` values at each level below ``n // ratio``, the rest at it."""
+    levels, rest = divmod(n, ratio)
+    return ratio * levels * (levels - 1) // 2 + levels * (rest + 1)
+
+
 def _mean_closed(seq: int, ratio: int, cap: int | None = None) -> float:
-    """mean over s < seq of the closed compressed groups ``floor((s+1)/ratio)``, optionally capped."""
-    closed = torch.arange(1, seq + 1, dtype=torch.float64).div(ratio).floor()
-    if cap is not None:
-        closed = closed.clamp(max=cap)
-    return float(closed.mean())
+    """mean over s < seq of the closed compressed groups ``floor((s+1)/ratio)``, optionally capped (exact, closed form)."""
+    if cap is None or seq < (cap + 1) * ratio:  # no query closes more than cap groups
+        return _sum_closed(seq, ratio) / seq
+    below = _sum_closed(cap * ratio - 1, ratio)  # queries with fewer than cap closed groups
+    return (below + cap * (seq - cap * ratio + 1)) / seq
+
+
+def _mean_window(seq: int, window: int) -> float:
+    """mean over s < seq of the window positions ``min(s + 1, window)``."""
+    inside = min(seq, window)
+    return (inside * (inside + 1) // 2 + (seq - inside) * window) / seq
 
 
 def _compressor(config: ModelConfig, ratio: int, dim: int) -> float:
@@ -78,7 +88,7 @@ def layer_flops(config: ModelConfig, layer_id: int, seq: int) -> Flops:
     width = c.heads * c.head_dim
     projections = 2 * (c.hidden * c.q_lora_rank + c.q_lora_rank * width + c.hidden * c.head_dim
                        + width * c.o_lora_rank + c.o_groups * c.o_lora_rank * c.hidden)
-    window = float(torch.arange(1, seq + 1, dtype=torch.float64).clamp(max=c.window).mean())
+    window = _mean_window(seq, c.window)
     compressed = {"window": 0.0, "hca": _mean_closed(seq, ratio) if ratio else 0.0,
                   "csa": _mean_closed(seq, CSA_RATIO, c.indexer_topk)}[kind]
     core = 2 * (window + compressed) * c.heads * 2 * c.head_dim
