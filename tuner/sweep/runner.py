@@ -22,6 +22,7 @@ from the record, never measured again.
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from collections import deque
@@ -57,6 +58,7 @@ COMPILE_MEMORY_SHARE = 0.25
 # can be the machine's state rather than the config's, so those are measured again.
 REUSABLE = (TrialStatus.ok.value, TrialStatus.compile_error.value)
 ProgressFn = Callable[[str, int, int, float | None], None]
+log = logging.getLogger(__name__)
 
 
 def _screening_metrics(trial: Trial) -> dict[str, Any]:
@@ -147,10 +149,18 @@ class SweepRunner:
                     self._retime(state)
                 self._beat()
         except SweepStopped:
-            return SweepStatus(queue.get_sweep(self.engine, self.sweep_id).status)
+            return self._stopped()
         if not queue.finish(self.engine, self.sweep_id, self.owner, SweepStatus.done):
-            return SweepStatus(queue.get_sweep(self.engine, self.sweep_id).status)
+            return self._stopped()
         return SweepStatus.done
+
+    def _stopped(self) -> SweepStatus:
+        """The status of a sweep this runner no longer holds: cancelled, or run on by the server that took it."""
+        sweep = queue.get_sweep(self.engine, self.sweep_id)
+        if sweep.status == SweepStatus.running.value:
+            log.warning("sweep %s: taken over by %s after this server's lease lapsed; stopped here", self.sweep_id,
+                        sweep.owner)
+        return SweepStatus(sweep.status)
 
     def _beat(self) -> None:
         """Stop when the lease is gone (the renewals run on the lease's own thread)."""
