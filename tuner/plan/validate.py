@@ -35,14 +35,11 @@ from sqlalchemy import Engine, select, update
 from db import session_scope
 from db.training import TrainRun
 from db.validation import PlanValidation
-from tuner.train import queue as train_queue
 from tuner.plan.costs import Calibration
 from tuner.plan.hardware import gpu_kind
 from tuner.plan.iteration import IterationModel, Plan, predict
 from v4.layout import even_layout
 from tuner.plan.request import Outcome, PlanRequest, RequestError, plan_request
-from tuner.sweep.serve import owner_name
-from tuner.train.serve import execute
 from v4.recompute import RecomputePlan
 
 PICK = "pick"
@@ -148,6 +145,12 @@ def measured(row: TrainRun) -> Measured:
 def run_candidate(engine: Engine, outcome: Outcome, candidate: Candidate, device: str, *, iters: int, warmup: int,
                   kernels: str, on_phase: Callable[[str], None] = lambda _: None) -> Measured:
     """Run ``candidate`` as a stored training run linked to the plan; what it measured."""
+    # the training queue and runner pull in torch's pipelining and Ray: `tuner plan` (which reads
+    # this module's calibration) must not pay for them
+    from tuner.sweep.serve import owner_name
+    from tuner.train import queue as train_queue
+    from tuner.train.serve import execute
+
     r, plan = outcome.request, candidate.plan
     fields = dict(preset=r.model, layout=plan.layout_text, pp=plan.model.pp, recompute=candidate.recompute_text,
                   gbs=r.gbs, mbs=r.mbs, seq=r.seq, iters=iters, warmup_iters=warmup, kernels=kernels)
