@@ -12,6 +12,7 @@ workers and benchmarking children inherit; ``tagged_processes`` finds whatever o
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -143,3 +144,4 @@ class LocalCluster:
                         os.kill(int(entry.name), signal.SIGKILL)
                 except OSError:
                     continue
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
