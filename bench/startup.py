@@ -4,6 +4,10 @@ Two measurements, each in fresh processes with an empty database:
 
 * ``command``: ``python -m tuner.cli sweep run SPEC`` as a user runs it; its wall time less the
   sweep's own (the sweep row's started_at to finished_at) is the start-up and tear-down it added.
+  With ``--with-running-ray``, ``command_joining_a_running_ray``: the same while this machine
+  already runs a Ray (``ray start --head``, started by the benchmark and stopped after), which the
+  command joins instead of starting and stopping its own (a Ray whose token authentication the
+  benchmark's environment does not carry cannot be joined).
 * ``steps``: the same steps one by one in a probe process, timed apart: importing the CLI,
   validating the spec (imports torch and the kernels), opening the database, importing the sweep
   runner (Optuna, Ray), the worker pool's start (Ray, the device workers; ``WorkerPool.timings``),
@@ -16,13 +20,17 @@ is what surrounds it. Without a GPU the kernels run under the Triton interpreter
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=1, help="runs of each measurement (median taken)")
     parser.add_argument("--trials", type=int, default=4, help="configs the sweep evaluates")
     parser.add_argument("--smoke", action="store_true", help="the CPU shape even on a GPU host (a quick check)")
+    parser.add_argument("--with-running-ray", action="store_true",
+                        help="also time the command joining a Ray this benchmark starts (ray start --head)")
 
 
 def _spec(folder: Path, trials: int, gpu: bool) -> Path:
@@ -94,8 +104,37 @@ def _sweep_seconds(url: str) -> float:
         return (sweep.finished_at - sweep.started_at).total_seconds()
 
 
-def _command(folder: Path, spec: Path, env: dict[str, str]) -> dict[str, float]:
-    url = f"sqlite:///{folder / 'command.db'}"
+@contextlib.contextmanager
+def _running_ray(folder: Path) -> Iterator[str]:
+    """A Ray head of this benchmark's own (``ray start --head --block``), its address; stopped on leaving."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    head = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+                             f"--port={port}", "--include-dashboard=false", f"--temp-dir={folder / 'ray'}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    from ray.util import get_node_ip_address  # where the head listens (it maps 127.0.0.1 to it too)
+
+    address = f"{get_node_ip_address()}:{port}"
+    try:
+        join = "import ray; ray.init(address=%r, log_to_driver=False); ray.shutdown()" % address
+        deadline = time.monotonic() + 300
+        while subprocess.run([sys.executable, "-c", join], capture_output=True).returncode != 0:
+            if head.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ray start --head on port {port} did not come up")
+            time.sleep(1)
+        yield address
+    finally:
+        head.terminate()  # ``ray start --block`` drains the node and stops the processes it started
+        try:
+            head.wait(timeout=60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(head.pid, signal.SIGKILL)  # whatever of its session is left
+
+
+def _command(folder: Path, spec: Path, env: dict[str, str], name: str = "command") -> dict[str, float]:
+    url = f"sqlite:///{folder / f'{name}.db'}"
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "tuner.cli", "--db", url, "sweep", "run", str(spec)], env=env,
                             capture_output=True, text=True)
@@ -124,20 +163,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.runs < 1 or args.trials < 1:
         raise ValueError("--runs and --trials must be >= 1")
     gpu = _gpus() > 0 and not args.smoke
-    commands, probes = [], []
+    commands, joining, probes = [], [], []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="startup-") as name:
             folder = Path(name)
             env = {**os.environ, "TRITON_CACHE_DIR": str(folder / "triton-cache"),
                    "TUNER_TABLES_DIR": str(folder / "tables")}
+            env.pop("RAY_ADDRESS", None)
             spec = _spec(folder, args.trials, gpu)
             commands.append(_command(folder, spec, env))
             probes.append(_steps(folder, spec, env))
+            if args.with_running_ray:
+                with _running_ray(folder) as address:
+                    joining.append(_command(folder, spec, {**env, "RAY_ADDRESS": address}, "joining"))
     median = {key: statistics.median(c[key] for c in commands) for key in commands[0]}
+    joined = {key: statistics.median(c[key] for c in joining) for key in joining[0]} if joining else None
     steps = {key: statistics.median(p["steps"][key] for p in probes) for key in probes[0]["steps"]}
     pool = {key: statistics.median(p["pool"][key] for p in probes) for key in probes[0]["pool"]}
-    return {"command": median, "steps": steps, "pool_start": pool, "arch": probes[0]["arch"],
+    return {"command": median, "command_joining_a_running_ray": joined, "steps": steps, "pool_start": pool, "arch": probes[0]["arch"],
             "workers": probes[0]["workers"], "trials": args.trials, "runs": args.runs,
             "shape": GPU_SHAPE if gpu else CPU_SHAPE, "target_overhead_s": TARGET_OVERHEAD_S,
-            "overhead_within_target": median["overhead_s"] <= TARGET_OVERHEAD_S, "cpus": os.cpu_count(),
+            "overhead_within_target": median["overhead_s"] <= TARGET_OVERHEAD_S,
+            "joining_overhead_within_target": joined["overhead_s"] <= TARGET_OVERHEAD_S if joined else None,
+            "cpus": os.cpu_count(),
             "load_average_1m": os.getloadavg()[0]}

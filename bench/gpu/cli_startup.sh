@@ -22,6 +22,9 @@ status=0
 
 python3 -m bench startup --runs "${STARTUP_RUNS:-3}" "${smoke[@]}" --record "$out/startup.json" > "$out/startup.log" 2>&1
 echo "startup: exit $?"; tail -30 "$out/startup.log"
+python3 -m bench startup --runs 1 "${smoke[@]}" --with-running-ray --record "$out/startup_joining_ray.json" \
+  > "$out/startup_joining_ray.log" 2>&1
+echo "startup joining a running Ray: exit $?"; grep -A4 joining "$out/startup_joining_ray.log"
 
 if [[ ${#smoke[@]} -eq 0 ]]; then
   python3 -m bench service_vs_autotune --record "$out/service_vs_autotune.json" > "$out/service_vs_autotune.log" 2>&1
