@@ -177,8 +177,10 @@ def _corrupt_file(tmp_path: Path) -> str:
 
 def _unknown_revision(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'future.db'}"
-    with open_database(url).begin() as connection:
+    engine = open_database(url)
+    with engine.begin() as connection:
         connection.execute(text("UPDATE tuner_alembic_version SET version_num = '9999_from_the_future'"))
+    engine.dispose()  # the last connection closed: the write-ahead log is folded into the file, which stays so
     return url
 
 
