@@ -21,6 +21,7 @@ from tuner.cli.display import err_console
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
+ID_MAX = 2**63 - 1  # database ids are 64-bit: a larger one is refused as an argument, not sent to SQL
 Errors = Union[tuple[Union[type[BaseException], str], ...], Callable[[], tuple[type[BaseException], ...]]]
 
 

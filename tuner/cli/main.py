@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from tuner.cli import display
-from tuner.cli.errors import open_engine, reporting
+from tuner.cli.errors import ID_MAX, open_engine, reporting
 from tuner.cli.plan import plan_app
 from tuner.cli.profile import profile_app
 from tuner.cli import plan_validate as plan_validate_cli  # noqa: F401 - adds ``tuner plan validate`` to plan_app
@@ -41,8 +41,6 @@ app.add_typer(plan_app, name="plan")
 register_training(app)  # tuner train ...
 app.add_typer(profile_app, name="profile")
 app.command()(replay)
-
-ID_MAX = 2**63 - 1  # database ids are 64-bit
 
 
 # What the sweep and table commands report in words.
@@ -77,7 +75,8 @@ class State:
 
 state = State()
 RayAddress = Annotated[Optional[str], typer.Option("--ray-address", envvar="RAY_ADDRESS",
-                                                   help="join this Ray cluster (default: start a local one)")]
+                                                   help="join this Ray cluster (default: the Ray this machine runs, "
+                                                        "else a local one for the command)")]
 CpuWorkers = Annotated[int, typer.Option(help="device workers on a cluster without GPUs (interpreter)", min=1)]
 SweepId = Annotated[int, typer.Argument(min=1, max=ID_MAX, help="a sweep's id (tuner sweep list)")]
 ArchName = Annotated[Optional[str], typer.Option(help="only this arch, e.g. sm_90", callback=lambda value: _arch_name(value))]

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tuner.cli import display
-from tuner.cli.errors import exit_2_on, open_engine
+from tuner.cli.errors import ID_MAX, exit_2_on, open_engine
 
 if TYPE_CHECKING:
     from tuner.cli.display import Fitted
@@ -51,7 +51,7 @@ def rows_table(sweep_id: int, rows: list[ReplayRow]) -> Fitted:
 
 
 def replay(ctx: typer.Context,
-           sweep: Annotated[int, typer.Option("--sweep", help="id of a finished grid sweep", min=1, max=2**63 - 1)],
+           sweep: Annotated[int, typer.Option("--sweep", help="id of a finished grid sweep", min=1, max=ID_MAX)],
            fractions: Annotated[Optional[str], typer.Option(
                help="budgets as fractions of the grid's evaluations, comma-separated (default: 0.1,0.2,0.4)")] = None,
            seeds: Annotated[Optional[int], typer.Option(

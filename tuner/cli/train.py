@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from tuner.cli.display import console
-from tuner.cli.errors import open_engine, reporting
+from tuner.cli.errors import ID_MAX, open_engine, reporting
 from v4.config import PresetError, load_preset
 from v4.layout import LayoutError, parse_layout
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from tuner.train.queue import TrainRequest
 
 train_app = typer.Typer(help="Run, queue and inspect measured V4 training runs.", no_args_is_help=True)
-RunId = Annotated[int, typer.Argument(min=1, max=2**63 - 1, help="a training run's id (tuner train list)")]
+RunId = Annotated[int, typer.Argument(min=1, max=ID_MAX, help="a training run's id (tuner train list)")]
 
 
 # What the training commands report in words.
