@@ -71,8 +71,17 @@ def toolchain() -> dict[str, str | None]:
 
 
 def git_commit(root: Path = ROOT) -> str | None:
-    """``HEAD``'s hash, with ``+dirty`` when tracked files differ from it; None outside a git checkout."""
+    """``HEAD``'s hash, with ``+dirty`` when tracked files differ from it; None outside a git checkout.
+
+    ``BENCH_COMMIT`` names the commit of a tree exported with ``git archive`` (what a GPU run gets):
+    such a tree has no history, and a checkout around it would lend it the wrong one."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True,
+                             check=True)
+        if Path(top.stdout.strip()).resolve() != root.resolve():
+            return None
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, check=True)

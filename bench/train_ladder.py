@@ -127,7 +127,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             continue
         figures["rungs"][rung] = summarize(rung, json.loads(proc.stdout.strip().splitlines()[-1]), args.warmup_iters)
     _compare(figures["rungs"])
+    figures["targets"] = targets(figures)
     return figures
+
+
+# issue 36's targets; the H100 baseline is its run of 2026-12-05 (tuned table, 92.6 model TFLOP/s/GPU)
+H100_BASELINE_TFLOPS = 92.6
+TUNED_OVER_DEFAULTS = 1.25
+
+
+def targets(figures: dict[str, Any]) -> list[dict[str, str]]:
+    """The ladder's targets against its measured rungs (``{"target", "measured", "status"}`` rows)."""
+    rungs = figures["rungs"]
+    tuned, defaults, eager = (rungs.get(r, {}) for r in ("triton-tuned", "triton-defaults", "eager"))
+    rows = []
+    if tuned.get("status") == "ok":
+        goal = 2 * H100_BASELINE_TFLOPS
+        rows.append({"target": f"proxy-8l tuned step >= {goal:.0f} model TFLOP/s/GPU on an H100 "
+                               f"(2x the {H100_BASELINE_TFLOPS} measured before)",
+                     "measured": f"{tuned['model_tflops_per_gpu']:.1f} TFLOP/s/GPU, "
+                                 f"{tuned['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, {tuned['step_ms_median']:,.0f} ms",
+                     "status": "met" if tuned["model_tflops_per_gpu"] >= goal else "missed"})
+    if "speedup_over_defaults" in tuned:
+        rows.append({"target": f"tuned rung >= {TUNED_OVER_DEFAULTS}x the defaults rung",
+                     "measured": f"{tuned['speedup_over_defaults']:.3f}x "
+                                 f"({defaults['model_tflops_per_gpu']:.1f} -> {tuned['model_tflops_per_gpu']:.1f})",
+                     "status": "met" if tuned["speedup_over_defaults"] >= TUNED_OVER_DEFAULTS else "missed"})
+    triton = {name: r for name, r in rungs.items() if name != "eager" and r.get("status") == "ok"}
+    if eager.get("status") == "ok":
+        drift = {name: r["loss_parity_vs_eager"]["max_rel_diff"] for name, r in triton.items()}
+        measured = ", ".join(f"{name} {value:.2%}" for name, value in drift.items())
+        met = all(r["loss_parity_vs_eager"]["within_bf16_noise"] for r in triton.values())
+    else:
+        measured, met = f"eager rung {eager.get('status', 'not run')}: no reference", None
+    rows.append({"target": "Triton rungs' losses within bf16 noise (2 ulps) of eager at every step",
+                 "measured": measured, "status": "not measured" if met is None else "met" if met else "missed"})
+    return rows
 
 
 def _compare(rungs: dict[str, dict[str, Any]]) -> None:

@@ -133,3 +133,16 @@ def test_committed_pages_are_what_the_committed_records_generate() -> None:
     assert (ROOT / "docs" / "performance.md").read_text() == report.render_performance(records)
     readme = (ROOT / "README.md").read_text()
     assert readme == report.splice_readme(readme, report.render_standing(records))
+
+
+def test_commit_of_an_exported_tree_is_never_borrowed_from_a_checkout_around_it(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.record import ROOT, git_commit
+
+    exported = ROOT / "bench" / "records"  # a folder inside the checkout stands for a tree git archive wrote
+    monkeypatch.delenv("BENCH_COMMIT", raising=False)
+    assert git_commit(exported) is None
+    assert git_commit(tmp_path) is None
+    assert git_commit(ROOT) is not None
+    monkeypatch.setenv("BENCH_COMMIT", "3b87541a37da46d1fac0be1c1f2428975190616c")
+    assert git_commit(exported) == "3b87541a37da46d1fac0be1c1f2428975190616c"

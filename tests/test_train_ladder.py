@@ -69,3 +69,16 @@ def test_an_eager_rung_trains_in_its_own_process():
     assert eager["status"] == "ok", eager
     assert len(eager["losses"]) == 2 and all(loss > 0 for loss in eager["losses"])
     assert eager["tokens_per_s_per_gpu"] > 0 and eager["tables"]["kernels"] == "eager"
+
+
+def test_targets_judge_the_measured_rungs_and_say_when_eager_is_missing():
+    rungs = {"eager": {"status": "oom", "message": "CUDA out of memory"},
+             "triton-defaults": train_ladder.summarize("d", _answer([1.0] * 4, [3.0, 2.0], 1000.0), 1),
+             "triton-tuned": train_ladder.summarize("t", _answer([1.0] * 4, [3.0, 2.0], 2000.0), 1)}
+    train_ladder._compare(rungs)
+    rows = {row["target"].split(" ")[1]: row for row in train_ladder.targets({"rungs": rungs})}
+    assert rows["tuned"]["status"] == "met"  # 200 TFLOP/s >= 185
+    assert rows["rung"]["status"] == "met" and rows["rung"]["measured"].startswith("2.000x")
+    assert rows["rungs'"]["status"] == "not measured" and "oom" in rows["rungs'"]["measured"]
+    rungs["triton-tuned"]["model_tflops_per_gpu"] = 90.0
+    assert {row["status"] for row in train_ladder.targets({"rungs": rungs})} >= {"missed"}
