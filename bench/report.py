@@ -94,12 +94,18 @@ def render_performance(records: list[dict[str, Any]]) -> str:
 
 def render_standing(records: list[dict[str, Any]], performance_link: str = "docs/performance.md") -> str:
     """The README's table: each record's targets, or its claim, with the section that details it."""
-    rows = []
+    rows: list[list[Any]] = []
     for record in records:
         link = f"[{record['device']}]({performance_link}#{_anchor(_heading(record))})"
-        targets = record["figures"].get("targets") or [{"target": record["claim"], "measured": "see record",
-                                                         "status": ""}]
-        rows += [[t.get("target"), t.get("measured"), t.get("status"), link] for t in targets]
+        targets = record["figures"].get("targets")
+        if targets:
+            rows += [[t.get("target"), t.get("measured"), t.get("status"), link] for t in targets]
+            continue
+        same_claim = next((row for row in rows if row[0] == record["claim"] and row[1] == "see record"), None)
+        if same_claim is not None:  # records of one claim without targets share a row, one link each
+            same_claim[3] += ", " + link
+        else:
+            rows.append([record["claim"], "see record", "", link])
     return _table(["target", "measured", "status", "record"], rows)
 
 
