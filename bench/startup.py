@@ -119,9 +119,10 @@ def _running_ray(folder: Path) -> Iterator[str]:
     try:
         join = "import ray; ray.init(address=%r, log_to_driver=False); ray.shutdown()" % address
         deadline = time.monotonic() + 300
-        while subprocess.run([sys.executable, "-c", join], capture_output=True).returncode != 0:
+        while (joined := subprocess.run([sys.executable, "-c", join], capture_output=True, text=True)).returncode:
             if head.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"ray start --head on port {port} did not come up")
+                last = (joined.stderr.strip().splitlines() or ["?"])[-1]
+                raise RuntimeError(f"could not join the Ray head started on port {port}: {last}")
             time.sleep(1)
         yield address
     finally:
