@@ -64,7 +64,7 @@ def test_a_failed_rung_is_reported_not_compared():
 
 def test_an_eager_rung_trains_in_its_own_process():
     figures = train_ladder.run(_args("--preset", "tiny", "--gbs", "1", "--seq", "64", "--iters", "2",
-                                     "--warmup-iters", "1", "--device", "cpu", "--rungs", "eager"))
+                                     "--warmup-iters", "1", "--device", "cpu", "--rungs", "eager", "--parity-seq", "0"))
     eager = figures["rungs"]["eager"]
     assert eager["status"] == "ok", eager
     assert len(eager["losses"]) == 2 and all(loss > 0 for loss in eager["losses"])
@@ -82,3 +82,25 @@ def test_targets_judge_the_measured_rungs_and_say_when_eager_is_missing():
     assert rows["rungs'"]["status"] == "not measured" and "oom" in rows["rungs'"]["measured"]
     rungs["triton-tuned"]["model_tflops_per_gpu"] = 90.0
     assert {row["status"] for row in train_ladder.targets({"rungs": rungs})} >= {"missed"}
+
+
+def test_parity_at_a_smaller_size_is_judged_against_eagers_own_noise(monkeypatch):
+    curves = {"eager": [4.0, 3.0, 2.0], "eager-again": [4.0, 3.0, 2.006],
+              "triton-defaults": [4.0, 3.0, 2.01], "triton-tuned": [4.0, 3.3, 2.0]}
+    order = iter(curves)
+    sizes = []
+
+    def fake(rung, args, device):
+        sizes.append((args.seq, args.gbs))
+        return train_ladder.summarize(rung, _answer([1.0] * 3, curves[next(order)], 10.0), 1)
+
+    monkeypatch.setattr(train_ladder, "_train_rung", fake)
+    small = train_ladder.parity_run(_args("--parity-seq", "256", "--parity-gbs", "2"), "cpu")
+    assert set(sizes) == {(256, 2)} and len(sizes) == 4
+    assert small["eager_noise"] == pytest.approx(0.003)
+    assert small["band"] == pytest.approx(train_ladder.BF16_NOISE)  # 2 x 0.3% is under two bf16 ulps
+    assert small["rungs"]["triton-defaults"] == {"max_rel_diff": pytest.approx(0.005), "within_noise": True}
+    assert small["rungs"]["triton-tuned"]["within_noise"] is False
+    figures = {"rungs": {"eager": {"status": "oom"}}, "parity": small}
+    row = train_ladder.targets(figures)[-1]
+    assert row["status"] == "missed" and "at gbs 2, seq 256" in row["measured"]
