@@ -11,7 +11,7 @@ import contextlib
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -117,24 +117,41 @@ def sweep_queue(specs: list[Path] = typer.Argument(..., metavar="SPEC...")) -> N
         typer.echo(queue.enqueue(state.engine, spec))
 
 
+@contextlib.contextmanager
+def _pool_started_beside(ray_address: Optional[str], cpu_workers: int) -> Iterator[Callable[[], WorkerPool]]:
+    """The worker pool, started in a thread while the command goes on (checking a spec against the
+    kernels imports torch and them: seconds that Ray's and the workers' start hide); yields a function
+    that waits for it. The pool is shut down on leaving, also when the command fails before using it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from workers.pool import WorkerPool
+
+    with ThreadPoolExecutor(1, thread_name_prefix="pool-start") as executor:
+        starting = executor.submit(WorkerPool.start, ray_address, cpu_workers=cpu_workers)
+        try:
+            yield starting.result
+        finally:
+            if starting.exception() is None:  # waits for the start; a failed start was raised by result()
+                starting.result().shutdown()
+
+
 @sweep_app.command("run")
 @user_errors
 def sweep_run(spec: Path, ray_address: RayAddress = None, cpu_workers: CpuWorkers = 1) -> None:
     """Queue SPEC and run it right here, with a progress bar."""
-    from tuner.sweep import queue
-    from tuner.sweep.serve import owner_name
-    from tuner.sweep.spec import load_spec
-    from workers.pool import WorkerPool
+    from tuner.sweep.spec import read_spec, spec_of
 
-    parsed = load_spec(spec)
-    engine = state.engine
-    pool = WorkerPool.start(ray_address, cpu_workers=cpu_workers)
-    try:
+    data = read_spec(spec)  # a spec that fails without the kernels fails before anything starts
+    with _pool_started_beside(ray_address, cpu_workers) as pool_ready:
+        parsed = spec_of(data, spec)
+        engine = state.engine
+        from tuner.sweep import queue
+        from tuner.sweep.serve import owner_name
+
+        pool = pool_ready()
         sweep_id = queue.enqueue(engine, parsed)
         display.console.print(f"sweep {sweep_id} queued; running on {len(pool.workers)} {pool.arch} worker(s)")
         _run_with_pool(pool, [sweep_id], owner_name())
-    finally:
-        pool.shutdown()
 
 
 @sweep_app.command("list")

@@ -17,6 +17,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, 
                       ValidationInfo, model_validator)
 
 from search_spaces import ARCH_FACTS, SearchSpace, SpaceError, load_space
+from search_spaces.space import space_dirs
 from tuner.sweep.ranking import DEFAULT_RANK, Rank
 
 INT64_MAX = 2**63 - 1
@@ -79,10 +80,35 @@ class SweepSpec(_Strict):
     _stored: bool = PrivateAttr(False)
 
     @model_validator(mode="after")
-    def _check_against_kernel(self, info: ValidationInfo) -> SweepSpec:
-        if info.context and info.context.get("stored"):
+    def _check(self, info: ValidationInfo) -> SweepSpec:
+        """``mode`` (validation context): ``full`` checks against the kernel registry (imports torch and the
+        kernels); ``early`` checks what needs no kernel module, so that a command can refuse most bad
+        specs before it starts anything; ``stored`` checks nothing more (queued specs were checked)."""
+        mode = (info.context or {}).get("mode", "full")
+        if mode == "stored":
             self._stored = True
             return self
+        if mode == "full":
+            self._check_against_kernel()
+        for i, shape in enumerate(self.shapes if isinstance(self.shapes, list) else []):
+            for field, value in shape.items():  # the bounds of every kernel; full checks 0 against the kernel's
+                if not 0 <= value <= INT64_MAX:
+                    raise ValueError(f"shapes[{i}].{field}: every dimension must be >= 0 and < 2**63, got {value}")
+        if self.arch != "auto" and self.arch not in ARCH_FACTS:
+            raise ValueError(f"arch: unknown arch {self.arch!r}; use 'auto' or one of {sorted(ARCH_FACTS)}")
+        if self.strategy.name != "grid" and self.budget.max_trials is None and self.budget.max_minutes is None:
+            raise ValueError(f"budget: strategy {self.strategy.name!r} needs max_trials or max_minutes")
+        if not any((folder / f"{self.kernel}.yaml").exists() for folder in space_dirs()):
+            raise ValueError(f"unknown kernel {self.kernel!r}: no search space {self.kernel}.yaml")
+        try:
+            load_space(self.kernel, check_knobs=mode == "full").with_overrides(self.space)
+        except SpaceError as exc:
+            raise ValueError(f"space: {exc}") from None
+        return self
+
+    def _check_against_kernel(self) -> None:
+        """The kernel exists, its preset does, every shape has its fields (0 only where a preset has 0);
+        the shapes are stored explicitly, in the kernel's field order."""
         from kernels import registry
 
         try:
@@ -104,15 +130,6 @@ class SweepSpec(_Strict):
                 if not least <= value <= INT64_MAX:
                     raise ValueError(f"shapes[{i}].{field}: every dimension must be >= {least} and < 2**63, got {value}")
         self.shapes = [{f: shape[f] for f in kernel.shape_fields} for shape in shapes]
-        if self.arch != "auto" and self.arch not in ARCH_FACTS:
-            raise ValueError(f"arch: unknown arch {self.arch!r}; use 'auto' or one of {sorted(ARCH_FACTS)}")
-        if self.strategy.name != "grid" and self.budget.max_trials is None and self.budget.max_minutes is None:
-            raise ValueError(f"budget: strategy {self.strategy.name!r} needs max_trials or max_minutes")
-        try:
-            self.search_space()
-        except SpaceError as exc:
-            raise ValueError(f"space: {exc}") from None
-        return self
 
     def resolved_shapes(self) -> list[dict[str, int]]:
         """The explicit shapes, or the preset's (a spec stored before presets were resolved at validation)."""
@@ -162,12 +179,12 @@ def format_validation_error(exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def parse_spec(data: Any) -> SweepSpec:
-    """A validated spec from already-parsed YAML/JSON data."""
+def parse_spec(data: Any, mode: str = "full") -> SweepSpec:
+    """A validated spec from already-parsed YAML/JSON data (``mode``: see ``SweepSpec._check``)."""
     if not isinstance(data, dict):
         raise SpecError("<spec>: must be a mapping of fields (kernel, shapes, ...)")
     try:
-        return SweepSpec.model_validate(data)
+        return SweepSpec.model_validate(data, context={"mode": mode})
     except ValidationError as exc:
         raise SpecError(format_validation_error(exc)) from None
 
@@ -178,13 +195,14 @@ def stored_spec(data: Any, sweep_id: int) -> SweepSpec:
     if not isinstance(data, dict):
         raise SpecError(f"sweep {sweep_id}: its stored spec is {type(data).__name__}, not a mapping (corrupt row)")
     try:
-        return SweepSpec.model_validate(data, context={"stored": True})
+        return SweepSpec.model_validate(data, context={"mode": "stored"})
     except ValidationError as exc:
         raise SpecError(f"sweep {sweep_id}: its stored spec is corrupt:\n{format_validation_error(exc)}") from None
 
 
-def load_spec(path: Path) -> SweepSpec:
-    """Read and validate a YAML spec file."""
+def read_spec(path: Path) -> dict[str, Any]:
+    """The fields of a YAML spec file, checked as far as they can be without the kernel modules (its
+    ``early`` checks): what fails here fails before a command starts anything."""
     path = Path(path)
     try:
         if not path.is_file():
@@ -198,7 +216,18 @@ def load_spec(path: Path) -> SweepSpec:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
     except RecursionError:
         raise SpecError(f"{path}: nested too deeply") from None
+    spec_of(data, path, "early")
+    return data
+
+
+def spec_of(data: Any, path: Path, mode: str = "full") -> SweepSpec:
+    """``parse_spec`` of the data read from ``path``, its errors naming the file."""
     try:
-        return parse_spec(data)
+        return parse_spec(data, mode)
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}") from None
+
+
+def load_spec(path: Path) -> SweepSpec:
+    """Read and validate a YAML spec file."""
+    return spec_of(read_spec(path), path)
