@@ -334,24 +334,22 @@ def tables_reset(arch: ArchName = None) -> None:
 @user_errors
 def quickstart(ray_address: RayAddress = None, out: TablesOut = None) -> None:
     """Tune the project's kernels here (GPUs if any, else the interpreter on small shapes), export, show."""
-    from kernels import tuning
+    from kernels import registry, tuning
     from tuner.sweep import queue
     from tuner.sweep.export import tables_folder
     from tuner.sweep.quickstart import quickstart_specs
     from tuner.sweep.serve import owner_name
-    from workers.pool import WorkerPool
 
     tables_folder(out)  # a bad --out fails before the sweeps, not after them
-    engine = state.engine
-    pool = WorkerPool.start(ray_address)
-    try:
+    with _pool_started_beside(ray_address, 1) as pool_ready:
+        registry.names()  # the kernels' imports, while the pool starts
+        engine = state.engine
+        pool = pool_ready()
         specs = quickstart_specs(on_gpu=pool.compile_ahead)
         ids = [queue.enqueue(engine, spec) for spec in specs]
         display.console.print(f"queued sweeps {ids} on {len(pool.workers)} {pool.arch} worker(s)")
         _run_with_pool(pool, ids, owner_name())
         arch = pool.arch
-    finally:
-        pool.shutdown()
     path = _export(arch, out)
     display.console.print(display.tuned_table(tuning.read_table(path), {}))
 
