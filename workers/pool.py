@@ -15,6 +15,7 @@ costs nothing.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -68,11 +69,11 @@ class WorkerPool:
         started = not ray.is_initialized()
         if started:
             if address:
-                ray.init(address=address, log_to_driver=False)
+                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
             else:  # joins a Ray this machine already runs (``ray start --head``), else starts one;
                 # a given CPU count asks for a Ray of this process's own
                 ray.init(address="local" if num_cpus else None, num_cpus=num_cpus, include_dashboard=False,
-                         log_to_driver=False)
+                         log_to_driver=False, logging_level=logging.WARNING)  # the commands say what they run on
         timings["ray_s"] = time.perf_counter() - began - timings["import_s"]
         gpus = int(ray.cluster_resources().get("GPU", 0))
         interpret = gpus == 0

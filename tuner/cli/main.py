@@ -118,21 +118,22 @@ def sweep_queue(specs: list[Path] = typer.Argument(..., metavar="SPEC...")) -> N
 
 
 @contextlib.contextmanager
-def _pool_started_beside(ray_address: Optional[str], cpu_workers: int) -> Iterator[Callable[[], WorkerPool]]:
-    """The worker pool, started in a thread while the command goes on (checking a spec against the
-    kernels imports torch and them: seconds that Ray's and the workers' start hide); yields a function
-    that waits for it. The pool is shut down on leaving, also when the command fails before using it."""
+def _pool_with(ray_address: Optional[str], cpu_workers: int, beside: Callable[[], Any]) -> Iterator[tuple[WorkerPool, Any]]:
+    """The worker pool, started here while ``beside()`` runs in a thread (checking a spec against the
+    kernels imports torch and them: seconds that Ray's and the workers' start can hide; Ray starts in
+    the main thread, which its SIGTERM handler needs); the pool and what ``beside`` returned. The pool
+    is shut down on leaving, also when ``beside`` failed."""
     from concurrent.futures import ThreadPoolExecutor
 
     from workers.pool import WorkerPool
 
-    with ThreadPoolExecutor(1, thread_name_prefix="pool-start") as executor:
-        starting = executor.submit(WorkerPool.start, ray_address, cpu_workers=cpu_workers)
+    with ThreadPoolExecutor(1, thread_name_prefix="beside-pool-start") as executor:
+        work = executor.submit(beside)
+        pool = WorkerPool.start(ray_address, cpu_workers=cpu_workers)
         try:
-            yield starting.result
+            yield pool, work.result()
         finally:
-            if starting.exception() is None:  # waits for the start; a failed start was raised by result()
-                starting.result().shutdown()
+            pool.shutdown()
 
 
 @sweep_app.command("run")
@@ -142,14 +143,11 @@ def sweep_run(spec: Path, ray_address: RayAddress = None, cpu_workers: CpuWorker
     from tuner.sweep.spec import read_spec, spec_of
 
     data = read_spec(spec)  # a spec that fails without the kernels fails before anything starts
-    with _pool_started_beside(ray_address, cpu_workers) as pool_ready:
-        parsed = spec_of(data, spec)
-        engine = state.engine
+    with _pool_with(ray_address, cpu_workers, lambda: spec_of(data, spec)) as (pool, parsed):
         from tuner.sweep import queue
         from tuner.sweep.serve import owner_name
 
-        pool = pool_ready()
-        sweep_id = queue.enqueue(engine, parsed)
+        sweep_id = queue.enqueue(state.engine, parsed)
         display.console.print(f"sweep {sweep_id} queued; running on {len(pool.workers)} {pool.arch} worker(s)")
         _run_with_pool(pool, [sweep_id], owner_name())
 
@@ -341,12 +339,9 @@ def quickstart(ray_address: RayAddress = None, out: TablesOut = None) -> None:
     from tuner.sweep.serve import owner_name
 
     tables_folder(out)  # a bad --out fails before the sweeps, not after them
-    with _pool_started_beside(ray_address, 1) as pool_ready:
-        registry.names()  # the kernels' imports, while the pool starts
-        engine = state.engine
-        pool = pool_ready()
+    with _pool_with(ray_address, 1, registry.names) as (pool, _):  # the kernels imported while the pool starts
         specs = quickstart_specs(on_gpu=pool.compile_ahead)
-        ids = [queue.enqueue(engine, spec) for spec in specs]
+        ids = [queue.enqueue(state.engine, spec) for spec in specs]
         display.console.print(f"queued sweeps {ids} on {len(pool.workers)} {pool.arch} worker(s)")
         _run_with_pool(pool, ids, owner_name())
         arch = pool.arch
