@@ -182,6 +182,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 per_worker_trials_per_s=(round(figures["trials_per_s"] / (args.servers * args.workers), 1)
                                          if figures["trials_per_s"] else None),
                 queries=_query_times(url, args.query_reps))
+            figures["targets"] = targets(figures)
             return figures
         finally:
             drop()
+
+
+TRIALS_PER_S = 50.0  # issue 35: the service must never be what GPUs wait on
+
+
+def targets(figures: dict) -> list[dict[str, str]]:
+    """The load target against one run's figures: the rate, and that nothing ran twice or was lost."""
+    rate, clean = figures["trials_per_s"] or 0.0, (figures["duplicate_trials"] == 0 and figures["sweeps_by_both"] == 0
+                                                   and figures["sweeps_done"] == figures["sweeps"])
+    return [{"target": f">= {TRIALS_PER_S:g} trials/s through the service with a no-op benchmark, every sweep done once",
+             "measured": (f"{rate:.1f} trials/s, {figures['servers']} server(s) x {figures['workers_per_server']} "
+                          f"worker(s), {figures['sweeps_done']}/{figures['sweeps']} sweeps, "
+                          f"{figures['duplicate_trials']} duplicate trials, claim {figures['queries']['claim_empty_queue']['median_ms']} ms"),
+             "status": "met" if rate >= TRIALS_PER_S and clean else "missed"}]
+
