@@ -9,6 +9,8 @@
 # plus each step's log and the device. --smoke: the same on the CPU (Triton interpreter, small shapes, no
 # autotune comparison), to check the script without a GPU.
 # Usage (GPU host, bundle carried): source .gpubundle/install.sh && bash bench/gpu/cli_startup.sh [--smoke]
+# From a `git archive` export (no history of its own), set BENCH_COMMIT=<the exported commit> so the
+# records name it (bench/record.py).
 set -uo pipefail
 out=${OUT:-/tmp/cli-startup}
 mkdir -p "$out"

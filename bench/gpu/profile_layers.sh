@@ -4,6 +4,8 @@
 # the planner needs for the training ladder's one-GPU recompute plan). Writes a SQLite database
 # and one log per model under $OUT; `tuner profile export` turns the database into packaged profiles.
 # Usage (GPU host, bundle carried): source .gpubundle/install.sh && bash bench/gpu/profile_layers.sh
+# From a `git archive` export (no history of its own), set BENCH_COMMIT=<the exported commit> so the
+# records name it (bench/record.py).
 set -uo pipefail
 out=${OUT:-/tmp/profile-layers}
 mkdir -p "$out"

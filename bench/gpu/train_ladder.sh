@@ -6,6 +6,8 @@
 # recompute for one GPU (RECOMPUTE=... skips that and uses the given plan).
 # Writes the record, the plot, the plan and the logs under $OUT.
 # Usage (GPU host): source .gpubundle/install.sh && bash bench/gpu/train_ladder.sh
+# From a `git archive` export (no history of its own), set BENCH_COMMIT=<the exported commit> so the
+# records name it (bench/record.py).
 set -uo pipefail
 out=${OUT:-/tmp/train-ladder}
 mkdir -p "$out"
