@@ -94,7 +94,7 @@ def parity(losses: list[float], reference: list[float]) -> dict[str, Any]:
     return {"max_rel_diff": worst, "within_bf16_noise": worst <= BF16_NOISE}
 
 
-def summarize(rung: str, answer: dict[str, Any], warmup_iters: int) -> dict[str, Any]:
+def summarize(answer: dict[str, Any], warmup_iters: int) -> dict[str, Any]:
     """The figures of one rung from its ``RunResult`` (as a dict)."""
     result = answer["result"]
     figures: dict[str, Any] = {"status": result["status"], "tables": answer["tables"]}
@@ -123,7 +123,7 @@ def _train_rung(rung: str, args: argparse.Namespace, device: str) -> dict[str, A
         return {"status": "timeout", "message": f"no result within --timeout {args.timeout:g} s"}
     if proc.returncode != 0:
         return {"status": "error", "message": proc.stderr.strip().splitlines()[-5:]}
-    return summarize(rung, json.loads(proc.stdout.strip().splitlines()[-1]), args.warmup_iters)
+    return summarize(json.loads(proc.stdout.strip().splitlines()[-1]), args.warmup_iters)
 
 
 def parity_run(args: argparse.Namespace, device: str) -> dict[str, Any]:

@@ -39,11 +39,11 @@ def test_rungs_differ_only_in_kernels_tables_and_recompute():
 
 
 def test_summary_leaves_warmup_out_and_parity_flags_a_drifting_rung():
-    eager = train_ladder.summarize("eager", _answer([9.0, 1.0, 3.0, 2.0], [5.0, 4.0, 3.0, 2.0], 100.0), 1)
+    eager = train_ladder.summarize(_answer([9.0, 1.0, 3.0, 2.0], [5.0, 4.0, 3.0, 2.0], 100.0), 1)
     assert eager["step_ms_median"] == pytest.approx(2000.0) and eager["peak_allocated_gib"] == pytest.approx(3.0)
     rungs = {"eager": eager,
-             "triton-defaults": train_ladder.summarize("d", _answer([1.0] * 4, [5.0, 4.0, 3.0, 2.001], 150.0), 1),
-             "triton-tuned": train_ladder.summarize("t", _answer([1.0] * 4, [5.0, 4.0, 3.2, 2.0], 300.0), 1)}
+             "triton-defaults": train_ladder.summarize(_answer([1.0] * 4, [5.0, 4.0, 3.0, 2.001], 150.0), 1),
+             "triton-tuned": train_ladder.summarize(_answer([1.0] * 4, [5.0, 4.0, 3.2, 2.0], 300.0), 1)}
     train_ladder._compare(rungs)
     assert rungs["triton-defaults"]["loss_parity_vs_eager"]["within_bf16_noise"] is True
     assert rungs["triton-tuned"]["loss_parity_vs_eager"] == {"max_rel_diff": pytest.approx(0.2 / 3.0),
@@ -55,9 +55,9 @@ def test_summary_leaves_warmup_out_and_parity_flags_a_drifting_rung():
 
 
 def test_a_failed_rung_is_reported_not_compared():
-    failed = train_ladder.summarize("t", {"result": {"status": "oom", "message": "CUDA out of memory"},
+    failed = train_ladder.summarize({"result": {"status": "oom", "message": "CUDA out of memory"},
                                          "tables": {}}, 1)
-    rungs = {"eager": train_ladder.summarize("eager", _answer([1.0, 1.0], [2.0, 1.0], 10.0), 1), "triton-tuned": failed}
+    rungs = {"eager": train_ladder.summarize(_answer([1.0, 1.0], [2.0, 1.0], 10.0), 1), "triton-tuned": failed}
     train_ladder._compare(rungs)
     assert failed == {"status": "oom", "tables": {}, "message": "CUDA out of memory"}
 
@@ -73,8 +73,8 @@ def test_an_eager_rung_trains_in_its_own_process():
 
 def test_targets_judge_the_measured_rungs_and_say_when_eager_is_missing():
     rungs = {"eager": {"status": "oom", "message": "CUDA out of memory"},
-             "triton-defaults": train_ladder.summarize("d", _answer([1.0] * 4, [3.0, 2.0], 1000.0), 1),
-             "triton-tuned": train_ladder.summarize("t", _answer([1.0] * 4, [3.0, 2.0], 2000.0), 1)}
+             "triton-defaults": train_ladder.summarize(_answer([1.0] * 4, [3.0, 2.0], 1000.0), 1),
+             "triton-tuned": train_ladder.summarize(_answer([1.0] * 4, [3.0, 2.0], 2000.0), 1)}
     train_ladder._compare(rungs)
     rows = {row["target"].split(" ")[1]: row for row in train_ladder.targets({"rungs": rungs})}
     assert rows["tuned"]["status"] == "met"  # 200 TFLOP/s >= 185
@@ -92,7 +92,7 @@ def test_parity_at_a_smaller_size_is_judged_against_eagers_own_noise(monkeypatch
 
     def fake(rung, args, device):
         sizes.append((args.seq, args.gbs))
-        return train_ladder.summarize(rung, _answer([1.0] * 3, curves[next(order)], 10.0), 1)
+        return train_ladder.summarize(_answer([1.0] * 3, curves[next(order)], 10.0), 1)
 
     monkeypatch.setattr(train_ladder, "_train_rung", fake)
     small = train_ladder.parity_run(_args("--parity-seq", "256", "--parity-gbs", "2"), "cpu")
