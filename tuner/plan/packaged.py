@@ -75,10 +75,6 @@ def _row_dict(row: LayerProfile) -> dict[str, Any]:
     return {name: getattr(row, name) for name in ROW_FIELDS}
 
 
-def _iso(value: datetime) -> str:
-    return value.isoformat()
-
-
 def export_profiles(engine: Engine, kind: str, device_name: str, out: Path) -> Path:
     """Write ``out/<kind>.json`` from the newest rows of ``device_name`` in the database; returns the path.
 
@@ -107,13 +103,13 @@ def export_profiles(engine: Engine, kind: str, device_name: str, out: Path) -> P
                 "model": model, "seq": seq, "mbs": mbs, "ep": ep,
                 "provenance": {"device": device_name, "gpu_memory_bytes": newest.gpu_memory_bytes,
                                "toolchain": newest.toolchain or {}, "kernel_tables": "+".join(tables),
-                               "measured_at": _iso(newest.created_at),
+                               "measured_at": newest.created_at.isoformat(),
                                "command": profile_command(model, seq, mbs, ep, newest.kernel_tables)},
-                "layers": {k: {**_row_dict(r), "kernel_tables": r.kernel_tables, "measured_at": _iso(r.created_at)}
-                           for k, r in sorted(by_kind.items())},
+                "layers": {k: {**_row_dict(r), "kernel_tables": r.kernel_tables,
+                               "measured_at": r.created_at.isoformat()} for k, r in sorted(by_kind.items())},
                 "alltoall": None if alltoall is None else {
                     **{n: getattr(alltoall, n) for n in ALLTOALL_FIELDS}, "toolchain": alltoall.toolchain or {},
-                    "measured_at": _iso(alltoall.created_at)},
+                    "measured_at": alltoall.created_at.isoformat()},
             })
     data = {"format": FORMAT, "gpu": kind, "device_name": device_name,
             "exported_by": f"tuner profile export --gpu {kind}", "profiles": profiles}
