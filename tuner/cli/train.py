@@ -13,8 +13,6 @@ import typer
 
 from tuner.cli.display import console
 from tuner.cli.errors import ID_MAX, open_engine, reporting
-from v4.config import PresetError, load_preset
-from v4.layout import LayoutError, parse_layout
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -49,6 +47,9 @@ def _stages(model: str, layout: str) -> int:
     """How many stages ``layout`` has (the default pp: one stage per rank); 1 when it does not parse (RunConfig
     then says why). Only the stage count and the MTP layer's virtual stage depend on pp, so pp grows from 1
     until they hold: at the latest at pp = the stage count (vpp 1), where every layout the parser accepts holds."""
+    from v4.config import load_preset  # pydantic and YAML: not for --help
+    from v4.layout import LayoutError, parse_layout
+
     try:
         config = load_preset(model)
     except ValueError:
