@@ -123,16 +123,12 @@ def release(engine: Engine, owner: str, job: Job = Sweep) -> list[int]:
     return retrying(put_back, "putting jobs back in the queue")
 
 
-class LeaseLost(Exception):
-    """The job was cancelled, or another server took it over after this one's lease ran out."""
-
-
 class Lease:
     """Renews ``owner``'s claim on a job from a daemon thread while the ``with`` block runs.
 
-    ``lost`` turns True when a renewal finds the job no longer held (cancelled, or taken over);
-    ``check`` raises ``LeaseLost`` then, for the runner to call between steps. A database out of
-    reach is not a lost lease: the renewal is retried, and holds again if nobody took the job.
+    ``lost`` turns True when a renewal finds the job no longer held (cancelled, or taken over); the
+    runner reads it between steps. A database out of reach is not a lost lease: the renewal is
+    retried, and holds again if nobody took the job.
     """
 
     def __init__(self, engine: Engine, job_id: int, owner: str, lease_s: float, job: Job = Sweep) -> None:
@@ -152,10 +148,6 @@ class Lease:
             if not held:
                 self.lost = True
                 return
-
-    def check(self) -> None:
-        if self.lost:
-            raise LeaseLost(f"job {self.job_id} was cancelled or taken over by another server")
 
     def __enter__(self) -> Lease:
         self._thread.start()
