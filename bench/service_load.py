@@ -138,8 +138,7 @@ def _outcome(url: str) -> dict[str, Any]:
     engine = open_database(url)
     with session_scope(engine) as session:
         statuses = Counter(session.scalars(select(Sweep.status)))
-        rows = session.execute(select(Trial.sweep_id, Trial.identity, Trial.host, Trial.started_at,
-                                      Trial.finished_at, Trial.node)).all()
+        rows = session.execute(select(Trial.sweep_id, Trial.identity, Trial.node)).all()
         first, last = session.execute(select(func.min(Trial.started_at), func.max(Trial.finished_at))).one()
     engine.dispose()
     per_identity = Counter((r.sweep_id, r.identity) for r in rows)
