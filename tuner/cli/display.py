@@ -126,6 +126,11 @@ def status_table(sweep: Sweep, trials: list[Trial], budgets: dict[str, int]) -> 
     return fitted(table)
 
 
+def cell(value: float | None, fmt: str) -> str:
+    """``value`` in ``fmt``, or "-" where nothing was measured."""
+    return "-" if value is None else format(value, fmt)
+
+
 def shape_words(key: str) -> str:
     """``tokens=4096 hidden=4096``: a shape key in words a narrow column wraps between."""
     return key.replace(",", " ")

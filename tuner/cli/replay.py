@@ -30,10 +30,6 @@ def _floats(text: str) -> list[float]:
         raise ReplayError(f"--fractions must be comma-separated numbers, got {text!r}") from None
 
 
-def _cell(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
 def rows_table(sweep_id: int, rows: list[ReplayRow]) -> Fitted:
     """Gaps to the grid optimum in %; "random" is the exact expectation for as many uniform draws."""
     from tuner.sweep.replay import HIT_TOLERANCE
@@ -45,8 +41,8 @@ def rows_table(sweep_id: int, rows: list[ReplayRow]) -> Fitted:
     for r in rows:
         random_gap = 100 * (r.random_expectation_ms / r.optimum_ms - 1)
         table.add_row(display.shape_words(r.shape), f"{r.strategy} {r.fraction:g}", f"{r.budget}/{r.grid_evaluations}",
-                      f"{r.optimum_ms:.4f}", f"{random_gap:.1f}, {_cell(r.mean_gap_pct, '.1f')}, "
-                      f"{_cell(r.worst_gap_pct, '.1f')}", _cell(r.score, ".2f"), f"{r.within_2pct:.0%}")
+                      f"{r.optimum_ms:.4f}", f"{random_gap:.1f}, {display.cell(r.mean_gap_pct, '.1f')}, "
+                      f"{display.cell(r.worst_gap_pct, '.1f')}", display.cell(r.score, ".2f"), f"{r.within_2pct:.0%}")
     return display.fitted(table)
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.cli.display import Fitted, fitted
+from tuner.cli.display import Fitted, cell, fitted
 
 if TYPE_CHECKING:  # the CLI's listing commands render runs without importing torch
     from db.training import TrainRun
@@ -31,10 +31,6 @@ def _ms(seconds: float | None) -> str:
     return f"{seconds * 1e3:.1f}" if seconds is not None else "-"
 
 
-def _num(value: float | None, fmt: str) -> str:
-    return format(value, fmt) if value is not None else "-"
-
-
 def _gib(nbytes: int | None) -> str:
     return f"{nbytes / GIB:.3f}" if nbytes is not None else "-"
 
@@ -48,7 +44,7 @@ def runs_table(runs: list[TrainRun]) -> Fitted:
         run = (f"{r.preset}, world {r.world}, {r.kernels or r.request.get('kernels', '-')}, layout "
                f"{r.layout or r.request.get('layout') or 'even'}, recompute "
                f"{r.recompute or r.request.get('recompute', 'none')}, {r.created_at.strftime('%Y-%m-%d %H:%M')}")
-        table.add_row(str(r.id), r.status, run, _ms(r.step_median_s), _num(r.tokens_per_s_per_gpu, ",.0f"), losses)
+        table.add_row(str(r.id), r.status, run, _ms(r.step_median_s), cell(r.tokens_per_s_per_gpu, ",.0f"), losses)
     return fitted(table)
 
 
@@ -65,8 +61,8 @@ def run_summary(r: TrainRun) -> Fitted:
                     + (f" (table {r.kernel_tables['arch']} {str(r.kernel_tables['sha256'])[:12]})"
                        if r.kernel_tables and r.kernel_tables.get("arch") else "")),
         ("step ms median [p20, p80]", f"{_ms(r.step_median_s)} [{_ms(r.step_p20_s)}, {_ms(r.step_p80_s)}]"),
-        ("tokens/s/GPU", _num(r.tokens_per_s_per_gpu, ",.1f")),
-        ("model TFLOP/s/GPU", _num(r.model_tflops_per_gpu, ".3f")),
+        ("tokens/s/GPU", cell(r.tokens_per_s_per_gpu, ",.1f")),
+        ("model TFLOP/s/GPU", cell(r.model_tflops_per_gpu, ".3f")),
         ("where", f"{r.host or '-'}, {r.gpu_name or '-'}, " + ", ".join(
             f"{k} {v}" for k, v in (r.versions or {}).items() if v)),
     ]
