@@ -379,10 +379,9 @@ def staleness(engine: Engine, resolved: Resolved) -> tuple[str, ...]:
         last = session.scalars(select(StoredPlan).filter_by(request_key=request.key())
                                .order_by(StoredPlan.created_at.desc(), StoredPlan.id.desc()).limit(1)).one_or_none()
         if last is not None:
+            used = {(r["layer_kind"], r["id"], r["created_at"]) for r in last.profile_rows}
             changed = sorted(kind for kind, row in now.items()
-                             if {"id": row.id, "created_at": row.created_at.isoformat()}
-                             not in [{"id": r["id"], "created_at": r["created_at"]}
-                                     for r in last.profile_rows if r["layer_kind"] == kind])
+                             if (kind, row.id, row.created_at.isoformat()) not in used)
             if changed:
                 notes.append(f"stored plan {last.id} ({last.created_at:%Y-%m-%d %H:%M}) is stale: newer profiles of "
                              f"{', '.join(changed)}")
