@@ -223,8 +223,7 @@ class _Prepared:
         self.bytes_per_ms = per_ms(lambda l: l.activation_bytes)
         self.kept_per_ms = per_ms(lambda l: l.recompute_kept_bytes)
         self.static_raw_per_ms = per_ms(lambda l: mem.static_bytes(l.param_count, l.expert_param_count))
-        self.static_per_ms = per_ms(lambda l: mem.static_bytes(l.param_count, l.expert_param_count)) / (
-            mem.activation_factor)
+        self.static_per_ms = self.static_raw_per_ms / mem.activation_factor
         self.tail_per_ms = per_ms(lambda l: model.tail_ms(l.param_count, l.expert_param_count))
         self.rest_params = [sum(self.extra_params[c] for c in range(k, C)) for k in range(C + 1)]
         self.freed_per_ms = max((math.inf if l.recompute_cost_ms == 0 else l.freed_bytes / l.recompute_cost_ms
