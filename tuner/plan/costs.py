@@ -76,10 +76,6 @@ class LayerCost:
         """Time recomputing this layer adds to its stage's backward."""
         return self.forward_ms if self.recompute_ms is None else self.recompute_ms
 
-    @property
-    def dense_param_count(self) -> int:
-        return self.param_count - self.expert_param_count
-
 
 @dataclass(frozen=True)
 class StageExtras:
