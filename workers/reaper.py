@@ -63,7 +63,7 @@ def watch(server: int) -> None:
         noted.pop(os.getpid(), None)
     table = process_table()
     for pid, started in noted.items():
-        if pid != os.getpid() and table.get(pid, (0, ""))[1] == started:
+        if table.get(pid, (0, ""))[1] == started:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
