@@ -81,9 +81,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rows, markdown = {}, []
         with tempfile.TemporaryDirectory(prefix="plan-projections-") as folder:
             engine = open_database(f"sqlite:///{Path(folder) / 'empty.db'}")
+            # resolved once (preset, profiles, FLOPs), re-targeted per node count as a node sweep does
+            auto = resolve(engine, PlanRequest.parse(nodes=counts[0], **base), sweep=True)
+            pp4 = resolve(engine, PlanRequest.parse(nodes=counts[0], pp=PRIMUS_PP, vpp=1, **base), sweep=True)
             for n in counts:
-                resolved = resolve(engine, PlanRequest.parse(nodes=n, **base))
-                at_pp4 = resolve(engine, PlanRequest.parse(nodes=n, pp=PRIMUS_PP, vpp=1, **base))
+                resolved, at_pp4 = auto.for_nodes(n), pp4.for_nodes(n)
                 row: dict[str, Any] = {}
                 for name, request in (("planner", resolved), ("planner at pp 4, vpp 1", at_pp4)):
                     try:
