@@ -93,6 +93,13 @@ def open_engine(url: str) -> Engine:
                             "the tuner (upgrade the tuner, or use another --db)") from None
 
 
+def command_engine(ctx: typer.Context) -> Engine:
+    """The database of the running command: the root's ``--db`` (or ``TUNER_DB_URL``), else the default."""
+    from db import default_url
+
+    return open_engine(ctx.find_root().params.get("db") or default_url())
+
+
 def _shown(url: str) -> str:
     """``url`` without its password."""
     from sqlalchemy.engine import make_url

@@ -107,8 +107,7 @@ def plan(
     """Plan pipeline layout and recompute for MODEL on NODES x GPUS_PER_NODE GPUs."""
     if ctx.invoked_subcommand:
         return
-    from db import default_url
-    from tuner.cli.errors import open_engine
+    from tuner.cli.errors import command_engine
     from tuner.plan.request import PlanRequest, RequestError, plan_node_counts, plan_request
     from tuner.plan.validate import starting_calibration
 
@@ -124,7 +123,7 @@ def plan(
             model=model, nodes=counts[0], gpus_per_node=gpus_per_node, gpu=gpu, gbs=gbs, mbs=mbs, seq=seq, ep=ep,
             pp=_auto(pp, "pp"), vpp=_auto(vpp, "vpp"), top=top, profiles_from=profiles_from, scale_time=scale_time,
             flops_per_token=flops_per_token, kernels=kernels)
-        engine = open_engine(ctx.find_root().params.get("db") or default_url())
+        engine = command_engine(ctx)
         # The newest calibration `tuner plan validate` refitted on this GPU kind, else the defaults.
         from tuner.plan.hardware import gpu_kind
 

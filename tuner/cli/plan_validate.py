@@ -60,8 +60,7 @@ def plan_validate(
     """Run the plans for MODEL on GPUS ranks of this node and compare them with their predictions."""
     import ray
 
-    from db import default_url
-    from tuner.cli.errors import open_engine
+    from tuner.cli.errors import command_engine
     from tuner.cli.profile import measure_layers
     from tuner.plan import profiles
     from tuner.plan.hardware import gpu_kind
@@ -107,7 +106,7 @@ def plan_validate(
                     raise RequestError(exc.field, exc.reason) from None
                 except ValueError as exc:
                     raise RequestError("gbs", str(exc)) from None
-                engine = open_engine(ctx.find_root().params.get("db") or default_url())
+                engine = command_engine(ctx)
                 if device == "auto":  # only the cluster knows
                     started = connect_ray(ray_address)
                 resolved = resolve_device(device)

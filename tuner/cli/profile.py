@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from tuner.cli.errors import reporting
+from tuner.cli.errors import command_engine, reporting
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -32,13 +32,6 @@ ERRORS = ("tuner.train.profile_layers:ProfileError", "tuner.plan.profiles:Profil
           "v4.config:ModelArgumentError",
           "workers.alltoall_runner:AlltoallRunError", "tuner.plan.packaged:NothingToExport",
           "tuner.plan.hardware:UnknownGpu", "builtins:OSError")
-
-
-def _engine(ctx: typer.Context) -> Engine:
-    from db import default_url
-    from tuner.cli.errors import open_engine
-
-    return open_engine(ctx.find_root().params.get("db") or default_url())
 
 
 def _check_device(device: str) -> None:
@@ -78,7 +71,7 @@ def profile_layers_command(
     _check_device(device)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    measure_layers(_engine(ctx), config, seq, mbs, ep, kernels, device, warmup, reps, trace)
+    measure_layers(command_engine(ctx), config, seq, mbs, ep, kernels, device, warmup, reps, trace)
 
 
 def measure_layers(engine: Engine, config: ModelConfig, seq: int, mbs: int, ep: int, kernels: str, device: str,
@@ -151,7 +144,7 @@ def profile_alltoall_command(
         raise ProfileError(f"warmup: must be >= 0, got {warmup}")
     if reps is not None and reps < 1:
         raise ProfileError(f"reps: must be >= 1, got {reps}")
-    engine = _engine(ctx)
+    engine = command_engine(ctx)
     started = connect_ray(ray_address)
     try:
         device = resolve_device(device)
@@ -188,7 +181,7 @@ def profile_export_command(
     from tuner.plan.packaged import export_profiles
 
     kind = gpu_kind(gpu)
-    path = export_profiles(_engine(ctx), kind.name, kind.device_name, out)
+    path = export_profiles(command_engine(ctx), kind.name, kind.device_name, out)
     typer.echo(f"wrote {path}")
     for entry in json.loads(path.read_text())["profiles"]:
         p = entry["provenance"]

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tuner.cli import display
-from tuner.cli.errors import ID_MAX, exit_2_on, open_engine
+from tuner.cli.errors import ID_MAX, command_engine, exit_2_on
 
 if TYPE_CHECKING:
     from tuner.cli.display import Fitted
@@ -56,7 +56,6 @@ def replay(ctx: typer.Context,
                help="comma-separated: random, tpe (default: both)")] = None,
            json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the rows here")] = None) -> None:
     """Replay random and TPE against a finished grid sweep: how close they get with a fraction of its evaluations."""
-    from db import default_url
     from tuner.sweep import replay as replaying
 
     with exit_2_on((replaying.ReplayError,)):
@@ -64,7 +63,7 @@ def replay(ctx: typer.Context,
             raise replaying.ReplayError(f"--json: {json_out} is a folder, not a file")
         chosen = ([s.strip() for s in strategies.split(",") if s.strip()] if strategies is not None
                   else list(replaying.DEFAULT_STRATEGIES))
-        engine = open_engine(ctx.find_root().params.get("db") or default_url())
+        engine = command_engine(ctx)
         with Progress(TextColumn(f"[bold]replay of sweep {sweep}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=display.console, transient=True) as progress:
             task = progress.add_task("replay", total=None)

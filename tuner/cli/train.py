@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from tuner.cli.display import console
-from tuner.cli.errors import ID_MAX, open_engine, reporting
+from tuner.cli.errors import ID_MAX, command_engine, reporting
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -35,12 +35,6 @@ def register(app: typer.Typer) -> None:
 
 
 _user_errors = reporting(ERRORS)
-
-
-def _engine(ctx: typer.Context) -> Engine:
-    from db import default_url
-
-    return open_engine(ctx.find_root().params.get("db") or default_url())
 
 
 def _stages(model: str, layout: str) -> int:
@@ -110,7 +104,7 @@ def train_run(ctx: typer.Context, model: Model, gbs: Gbs, seq: Seq, iters: Iters
 
     request = _request(model, layout, pp, recompute, gbs, mbs, seq, iters, warmup_iters, lr, seed, kernels, dtype,
                        device, world)
-    engine = _engine(ctx)
+    engine = command_engine(ctx)
     started = connect_ray(ray_address)
     try:
         run_id = train_queue.enqueue(engine, request)
@@ -138,7 +132,7 @@ def train_queue_command(ctx: typer.Context, model: Model, gbs: Gbs, seq: Seq, it
 
     request = _request(model, layout, pp, recompute, gbs, mbs, seq, iters, warmup_iters, lr, seed, kernels, dtype,
                        device, world)
-    typer.echo(train_queue.enqueue(_engine(ctx), request))
+    typer.echo(train_queue.enqueue(command_engine(ctx), request))
 
 
 @train_app.command("list")
@@ -151,7 +145,7 @@ def train_list(ctx: typer.Context) -> None:
     from db.training import TrainRun
     from tuner.train import display as train_display
 
-    with session_scope(_engine(ctx)) as session:
+    with session_scope(command_engine(ctx)) as session:
         runs = list(session.scalars(select(TrainRun).order_by(TrainRun.id)).all())
     console.print(train_display.runs_table(runs))
 
@@ -178,7 +172,7 @@ def _show(engine: Engine, run_id: int) -> None:
 @_user_errors
 def train_show(ctx: typer.Context, run_id: RunId) -> None:
     """One run: its figures, memory per pipeline rank and loss curve."""
-    _show(_engine(ctx), run_id)
+    _show(command_engine(ctx), run_id)
 
 
 @train_app.command("cancel")
@@ -188,4 +182,4 @@ def train_cancel(ctx: typer.Context, run_id: RunId) -> None:
     from db.training import TrainRun
     from tuner.sweep import queue
 
-    typer.echo(f"training run {run_id}: {queue.cancel(_engine(ctx), run_id, job=TrainRun)}")
+    typer.echo(f"training run {run_id}: {queue.cancel(command_engine(ctx), run_id, job=TrainRun)}")
