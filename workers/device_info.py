@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import platform
+import re
 import socket
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,9 +16,26 @@ import triton
 from kernels.arch import INTERPRETER_ARCH, current_arch
 
 
+# The NVIDIA kernel module names its version here ("NVRM version: NVIDIA UNIX x86_64 Kernel Module
+# 570.133.20 ..."): read in microseconds, where nvidia-smi takes up to seconds of a worker's start.
+NVIDIA_MODULE_VERSION = Path("/proc/driver/nvidia/version")
+
+
+def driver_version_of(module_text: str) -> str | None:
+    """The driver version in the kernel module's version text, or None."""
+    found = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d+(?:\.\d+)+)", module_text)
+    return found.group(1) if found else None
+
+
 @functools.lru_cache(maxsize=1)
 def _driver_version() -> str | None:
     try:
+        version = driver_version_of(NVIDIA_MODULE_VERSION.read_text())
+    except OSError:
+        version = None
+    if version is not None:
+        return version
+    try:  # not a Linux NVIDIA driver (or no /proc): ask nvidia-smi
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=10, check=True,

@@ -7,18 +7,22 @@ ahead.
 
 Start-up is what a one-shot ``tuner sweep run`` pays before its first trial, so the pool waits
 only for what a trial needs: the device workers (their benchmarking children import torch and
-open the GPU) start together, and the compile workers warm up (import the kernels) beside them
-and beside the first trials, not before them. ``timings`` says where the seconds went.
+open the GPU) start together, alone, and the compile workers warm up (import the kernels, open the
+driver) once they are up, beside the first trials. A Ray the pool starts itself prestarts no idle
+workers: the pool's tasks carry a runtime env, so such workers would only compete with the device
+workers' start. ``timings`` says where the seconds went.
 Ray and the workers' modules are imported by ``start``: importing this module (``PoolError``)
 costs nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 # Variables the workers need to see as the driver sees them.
@@ -27,6 +31,8 @@ START_TIMEOUT_S = 300.0
 # Compiling one config takes well under a second, so a few workers out-compile any GPU;
 # starting one per core only slows the pool's start (each imports torch and opens CUDA).
 MAX_COMPILE_WORKERS = 16
+# Ray's raylet prestarts one idle worker a CPU for the first driver unless this is "0".
+NO_PRESTART = "RAY_prestart_worker_first_driver"
 
 
 class PoolError(RuntimeError):
@@ -40,6 +46,20 @@ def _worker_env(interpret: bool) -> dict[str, str]:
     # Compile tasks ask for no GPU but must see the host's GPUs to know Triton's target.
     env["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = "0"
     return env
+
+
+@contextlib.contextmanager
+def _no_prestarted_workers() -> Iterator[None]:
+    """The environment a Ray started here inherits says: prestart no idle workers."""
+    saved = os.environ.get(NO_PRESTART)
+    os.environ[NO_PRESTART] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[NO_PRESTART]
+        else:
+            os.environ[NO_PRESTART] = saved
 
 
 @dataclass
@@ -72,8 +92,9 @@ class WorkerPool:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
             else:  # joins a Ray this machine already runs (``ray start --head``), else starts one;
                 # a given CPU count asks for a Ray of this process's own
-                ray.init(address="local" if num_cpus else None, num_cpus=num_cpus, include_dashboard=False,
-                         log_to_driver=False, logging_level=logging.WARNING)  # the commands say what they run on
+                with _no_prestarted_workers():
+                    ray.init(address="local" if num_cpus else None, num_cpus=num_cpus, include_dashboard=False,
+                             log_to_driver=False, logging_level=logging.WARNING)  # the commands say what they run on
         timings["ray_s"] = time.perf_counter() - began - timings["import_s"]
         gpus = int(ray.cluster_resources().get("GPU", 0))
         interpret = gpus == 0
@@ -85,8 +106,7 @@ class WorkerPool:
             actors = [DeviceWorker.options(num_gpus=1, num_cpus=0, **options).remote(env) for _ in range(gpus)]
         cpus = int(ray.cluster_resources().get("CPU", 1))
         compile_slots = max(min(cpus - (len(actors) if interpret else 0), MAX_COMPILE_WORKERS), 1)
-        warming = [] if interpret else [warm_up.options(**options).remote() for _ in range(compile_slots)]
-        try:  # compile workers warm up while the device workers' children import torch, and after
+        try:
             infos = ray.get([a.describe.remote() for a in actors], timeout=START_TIMEOUT_S)
         except Exception as exc:
             for actor in actors:
@@ -95,6 +115,9 @@ class WorkerPool:
                 ray.shutdown()
             raise PoolError(f"device workers failed to start: {exc}") from None
         timings["workers_s"] = time.perf_counter() - began - timings["import_s"] - timings["ray_s"]
+        # the compile workers warm up beside the sweep's first trials (whose configs the device child
+        # compiles itself until they are warm), not beside the device workers' start
+        warming = [] if interpret else [warm_up.options(**options).remote() for _ in range(compile_slots)]
         pool = cls(actors, infos, compile_ahead=not interpret, compile_slots=compile_slots,
                    runtime_env=options["runtime_env"], started_ray=started, timings=timings, warming=warming)
         pool.arch  # noqa: B018 - fail early on a mixed pool
