@@ -31,7 +31,8 @@ from kernels.tuning import load_table
 from search_spaces import load_space
 
 MEMORY_BOUND = ("mhc_glue_fwd", "mhc_glue_bwd", "mhc_collapse_fwd", "mhc_collapse_bwd", "mhc_expand_fwd",
-                "mhc_expand_bwd", "rope_fwd", "rope_bwd", "router_fwd", "router_bwd", "router_hash_fwd")
+                "mhc_expand_bwd", "rope_fwd", "rope_bwd", "router_fwd", "router_bwd", "router_hash_fwd",
+                "moe_combine_fwd")
 EXPERT_GEMMS = ("expert_up_fwd", "expert_down_fwd", "expert_down_bwd_dx", "expert_up_bwd_dx",
                 "expert_down_bwd_dw", "expert_up_bwd_dw")
 PRESETS = ("v4-flash", "v4-pro")
@@ -808,6 +809,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "gemm-untuned": untuned_gemm_specs,
     "gemm-warp-specialized": warp_specialized_gemm_specs,
     "memory": lambda: per_preset_specs(MEMORY_BOUND),
+    "moe-combine": lambda: per_preset_specs(("moe_combine_fwd",)),
     "attention": attention_specs,
     "tma": lambda: tma_specs(TMA_SPACES),
     # the 2026-12-01 follow-up: the split glue forward, TMA backward GEMMs

@@ -27,7 +27,7 @@ Inputs = dict[str, Any]
 # Modules of the project that register kernels; imported on first lookup.
 BUILTIN_MODULES = (
     "kernels.rmsnorm", "kernels.sinkhorn", "kernels.mhc", "kernels.rope", "kernels.router", "kernels.grouped_gemm",
-    "kernels.sparse_attention", "kernels.compressor", "kernels.indexer",
+    "kernels.sparse_attention", "kernels.compressor", "kernels.indexer", "kernels.moe_combine",
 )
 
 

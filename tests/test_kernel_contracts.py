@@ -15,6 +15,7 @@ from kernels.compressor import compressor_pool, compressor_pool_reference
 from kernels.grouped_gemm import expert_mlp, expert_mlp_reference
 from kernels.indexer import indexer_topk, indexer_topk_reference
 from kernels.mhc import mhc_collapse, mhc_expand, mhc_glue
+from kernels.moe_combine import moe_combine
 from kernels.rmsnorm import rms_norm, rms_norm_reference
 from kernels.rope import rope, rope_reference
 from kernels.router import route, route_reference
@@ -78,6 +79,14 @@ REFUSED = [
     ("expert_mlp offsets not from 0", _expert_mlp(_ints(1, 4, 6)), "expert_offsets must rise"),
     ("expert_mlp offsets decreasing", _expert_mlp(_ints(0, 5, 4)), "expert_offsets must rise"),
     ("expert_mlp float offsets", _expert_mlp(_ints(0, 3, 6).float()), "expert_offsets must be int32 or int64"),
+    ("moe_combine topk not dividing the rows", lambda: moe_combine(_randn(6, 4), _ints(0, 1, 2, 3, 4, 5), 4),
+     "topk must be >= 1 and divide"),
+    ("moe_combine order repeats a row", lambda: moe_combine(_randn(4, 4), _ints(0, 1, 1, 3), 2),
+     "order must be a permutation"),
+    ("moe_combine float order", lambda: moe_combine(_randn(4, 4), _ints(0, 1, 2, 3).float(), 2),
+     "order must be int32 or int64"),
+    ("moe_combine shared rows", lambda: moe_combine(_randn(4, 4), _ints(0, 1, 2, 3), 2, _randn(3, 4)),
+     "shared must be [2, 4]"),
     ("sparse_attention pick past kv_compressed", _attention(torch.full((1, 8, 2), 2, dtype=torch.int32, device=DEVICE)),
      "indices must hold -1 (padding) or rows of kv_compressed in [-1, 1]"),
     ("sparse_attention padding below -1", _attention(torch.full((1, 8, 2), -2, dtype=torch.int32, device=DEVICE)),

@@ -6,7 +6,8 @@ distinct experts per token); later layers take the top-k of ``s + bias``, the bi
 choice only. The weights are the chosen scores normalised to one, times ``routed_scale``. Tokens
 are sorted by expert and run through the grouped expert MLP (clamped SwiGLU); the shared
 expert(s) run densely on every token through the same op, as one expert of width
-``shared_experts * expert_ffn``.
+``shared_experts * expert_ffn``. The combine sums each token's routed rows and shared row in fp32
+(``kernels.moe_combine``).
 
 The selection bias is a buffer that stays zero here: V4's auxiliary-loss-free balancing nudges it
 after each step from the expert loads; this proxy leaves that update out (Primus forces uniform
@@ -75,29 +76,29 @@ class MoE(nn.Module):
             return self.ops.route(logits, None, self.topk, self.scale, token_ids.reshape(-1), self.tid2eid)
         return self.ops.route(logits, self.bias, self.topk, self.scale)
 
-    def _experts(self, x2: Tensor, token_of: Tensor, offsets: Tensor, weights: Tensor) -> Tensor:
+    def _experts(self, x2: Tensor, order: Tensor, offsets: Tensor, weights: Tensor) -> Tensor:
         ops = self.ops
-        routed = ops.expert_mlp(x2[token_of], offsets, weights, self.w13, self.w2, _grad_buffers(self.w13, self.w2))
-        y = torch.zeros(x2.shape, device=x2.device, dtype=torch.float32).index_add_(0, token_of, routed.float())
+        routed = ops.expert_mlp(x2[order // self.topk], offsets, weights, self.w13, self.w2,
+                                _grad_buffers(self.w13, self.w2))
+        shared = None
         if self.shared_w13 is not None:
             n_tokens = x2.shape[0]
             everyone = torch.tensor([0, n_tokens], device=x2.device, dtype=torch.int32)
             ones = torch.ones(n_tokens, device=x2.device, dtype=torch.float32)
-            y = y + ops.expert_mlp(x2, everyone, ones, self.shared_w13, self.shared_w2,
-                                   _grad_buffers(self.shared_w13, self.shared_w2)).float()
-        return y.to(x2.dtype)
+            shared = ops.expert_mlp(x2, everyone, ones, self.shared_w13, self.shared_w2,
+                                    _grad_buffers(self.shared_w13, self.shared_w2))
+        return ops.moe_combine(routed, order, self.topk, shared)
 
     def forward(self, x: Tensor, token_ids: Tensor) -> Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         indices, weights = self._route(x2, token_ids)
         expert_of = indices.reshape(-1).long()
         order = torch.argsort(expert_of, stable=True)
-        token_of = order // self.topk
         counts = torch.bincount(expert_of, minlength=self.w13.shape[0])
         offsets = F.pad(counts.cumsum(0), (1, 0)).int()
         sorted_weights = weights.reshape(-1)[order]
         if self.recompute_act:
-            y = checkpoint(self._experts, x2, token_of, offsets, sorted_weights, use_reentrant=False)
+            y = checkpoint(self._experts, x2, order, offsets, sorted_weights, use_reentrant=False)
         else:
-            y = self._experts(x2, token_of, offsets, sorted_weights)
+            y = self._experts(x2, order, offsets, sorted_weights)
         return y.view(x.shape)
