@@ -1,5 +1,6 @@
-"""The MoE combine: each token's output is the sum of its top-k routed expert rows, plus its shared
-expert row, added in fp32 and written once in the rows' dtype.
+"""The MoE combine and dispatch: each token's output is the sum of its top-k routed expert rows, plus
+its shared expert row, added in fp32 and written once in the rows' dtype; and the dispatch's gather
+of each token's row k times, whose backward is that same sum.
 
 The expert MLP leaves its rows sorted by expert; ``order [N]`` (N = tokens * topk) says which
 (token, choice) each sorted row answers: sorted row ``i`` is choice ``order[i] % topk`` of token
@@ -13,6 +14,10 @@ and shared rows, one write. The fixed summation order also makes it deterministi
 Backward: a token's output gradient is its routed rows' gradient and its shared row's, so the
 routed gradient is a gather of output-gradient rows (``index_select``, one pass in the rows'
 dtype) and the shared gradient is the output gradient itself: no kernel of its own.
+
+The dispatch (``moe_dispatch``) is the mirror image: forward a gather of token rows into sorted
+order, backward each token's sum of its k row gradients, which is the combine kernel again. Eager
+autograd would scatter them with bf16 atomics (``index_put_`` with accumulate), rounding each add.
 """
 
 from __future__ import annotations
@@ -92,21 +97,42 @@ class _MoECombine(torch.autograd.Function):
         return grad_routed, None, None, grad_y if ctx.has_shared else None
 
 
-def _check(routed: Tensor, order: Tensor, topk: int, shared: Tensor | None) -> None:
-    if routed.dim() != 2 or routed.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"routed must be a float [N, D] tensor, got {list(routed.shape)} {routed.dtype}")
-    if topk < 1 or routed.shape[0] % topk:
-        raise ValueError(f"topk must be >= 1 and divide routed's {routed.shape[0]} rows, got {topk}")
+class _MoEDispatch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, order: Tensor, topk: int) -> Tensor:
+        ctx.save_for_backward(order)
+        ctx.topk = topk
+        return x.index_select(0, order // topk)
+
+    @staticmethod
+    def backward(ctx, grad_rows: Tensor):
+        (order,) = ctx.saved_tensors
+        config, _ = resolve("moe_combine_fwd", _shape_of(grad_rows, ctx.topk))
+        return _forward(grad_rows.contiguous(), slots_of(order, ctx.topk), None, config), None, None
+
+
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_order(order: Tensor, rows: int, topk: int) -> None:
+    if topk < 1 or rows % topk:
+        raise ValueError(f"topk must be >= 1 and divide the {rows} rows, got {topk}")
     check_integer("order", order)
-    if order.shape != routed.shape[:1]:
-        raise ValueError(f"order must be [{routed.shape[0]}] (one entry a routed row), got {list(order.shape)}")
+    if order.shape != (rows,):
+        raise ValueError(f"order must be [{rows}] (one entry a sorted row), got {list(order.shape)}")
+    if values_checked(order) and order.numel() and not torch.equal(
+            torch.sort(order).values, torch.arange(order.numel(), device=order.device, dtype=order.dtype)):
+        raise ValueError("order must be a permutation of 0..N-1 (each token's each choice exactly once)")
+
+
+def _check(routed: Tensor, order: Tensor, topk: int, shared: Tensor | None) -> None:
+    if routed.dim() != 2 or routed.dtype not in _FLOATS:
+        raise ValueError(f"routed must be a float [N, D] tensor, got {list(routed.shape)} {routed.dtype}")
+    _check_order(order, routed.shape[0], topk)
     if shared is not None and (shared.shape != (routed.shape[0] // topk, routed.shape[1]) or shared.dtype != routed.dtype):
         raise ValueError(f"shared must be [{routed.shape[0] // topk}, {routed.shape[1]}] in {routed.dtype}, "
                          f"got {list(shared.shape)} {shared.dtype}")
     check_same_device(routed=routed, order=order, shared=shared)
-    if values_checked(order) and order.numel() and not torch.equal(
-            torch.sort(order).values, torch.arange(order.numel(), device=order.device, dtype=order.dtype)):
-        raise ValueError("order must be a permutation of 0..N-1 (each token's each choice exactly once)")
 
 
 def moe_combine(routed: Tensor, order: Tensor, topk: int, shared: Tensor | None = None) -> Tensor:
@@ -122,6 +148,24 @@ def moe_combine(routed: Tensor, order: Tensor, topk: int, shared: Tensor | None 
     """
     _check(routed, order, topk, shared)
     return _MoECombine.apply(routed, order, topk, shared)
+
+
+def moe_dispatch(x: Tensor, order: Tensor, topk: int) -> Tensor:
+    """``x_sorted [T * topk, D]``: row ``i`` is ``x[order[i] // topk]``, token rows in expert order.
+
+    Contract: as ``moe_combine``'s with ``x [T, D]`` in the place of ``shared``; differentiable in
+    ``x``, its gradient each token's fp32 sum of its k row gradients (the combine kernel).
+    """
+    if x.dim() != 2 or x.dtype not in _FLOATS:
+        raise ValueError(f"x must be a float [T, D] tensor, got {list(x.shape)} {x.dtype}")
+    _check_order(order, x.shape[0] * max(topk, 1), topk)
+    check_same_device(x=x, order=order)
+    return _MoEDispatch.apply(x, order, topk)
+
+
+def moe_dispatch_reference(x: Tensor, order: Tensor, topk: int) -> Tensor:
+    """Eager (differentiable) math of ``moe_dispatch``: an index (its backward accumulates in x's dtype)."""
+    return x[order // topk]
 
 
 def moe_combine_reference(routed: Tensor, order: Tensor, topk: int, shared: Tensor | None = None) -> Tensor:

@@ -1,5 +1,5 @@
-"""MoE combine: parity with the eager index_add_ (forward and gradients, ragged shapes), tuned
-configs, and the contract."""
+"""MoE combine and dispatch: parity with the eager index_add_ and index (forward and gradients,
+ragged shapes), tuned configs, and the contract."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from kernels import moe_combine as combine_module
 from kernels import registry
 from kernels.arch import kernel_device
-from kernels.moe_combine import moe_combine, moe_combine_reference, slots_of
+from kernels.moe_combine import moe_combine, moe_combine_reference, moe_dispatch, moe_dispatch_reference, slots_of
 from tests.kernel_checks import (assert_config_matches_reference, assert_defaults_fit_space,
                                  assert_seeded_random_inputs, spy_on_resolve)
 
@@ -44,6 +44,28 @@ def test_forward_and_gradients_match_eager(tokens, hidden, topk, with_shared, dt
     for kernel_input, reference_input in zip(inputs_k, inputs_r):
         if kernel_input is not None:  # gathers and copies of grad_y: exact
             assert torch.equal(kernel_input.grad, reference_input.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize(("tokens", "hidden", "topk"), [(37, 96, 3), (5, 40, 1), (1, 128, 6), (19, 2048, 6)])
+def test_dispatch_gathers_and_its_gradient_is_the_fp32_sum(tokens, hidden, topk, dtype):
+    """Forward: the eager index, exactly. Backward: each token's k row gradients summed in fp32, then
+    rounded once to the dtype (within one step of the fp32 sum: the interpreter rounds toward zero,
+    a GPU to nearest), where eager autograd accumulates in the dtype itself."""
+    _, order, x, _ = _problem(tokens, hidden, topk, dtype, seed=tokens * topk)
+    grad_rows = torch.randn(tokens * topk, hidden, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
+    x_k, x_r = x.clone().requires_grad_(), x.clone().requires_grad_()
+    rows = moe_dispatch(x_k, order, topk)
+    rows.backward(grad_rows)
+    rows_r = moe_dispatch_reference(x_r, order, topk)
+    rows_r.backward(grad_rows)
+    assert torch.equal(rows, rows_r)
+    exact = torch.zeros(tokens, hidden, device=DEVICE).index_add_(0, order // topk, grad_rows.float())
+    assert x_k.grad.dtype == dtype
+    step = 2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -22
+    torch.testing.assert_close(x_k.grad.float(), exact, atol=1e-6, rtol=step)
+    if dtype == torch.float32:  # in bf16 the eager sum rounds at each of its k adds: up to 0.1 off here
+        torch.testing.assert_close(x_k.grad, x_r.grad, **TOL[dtype])
 
 
 def test_the_sum_is_each_tokens_own_rows():

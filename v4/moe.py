@@ -6,8 +6,8 @@ distinct experts per token); later layers take the top-k of ``s + bias``, the bi
 choice only. The weights are the chosen scores normalised to one, times ``routed_scale``. Tokens
 are sorted by expert and run through the grouped expert MLP (clamped SwiGLU); the shared
 expert(s) run densely on every token through the same op, as one expert of width
-``shared_experts * expert_ffn``. The combine sums each token's routed rows and shared row in fp32
-(``kernels.moe_combine``).
+``shared_experts * expert_ffn``. The dispatch gathers token rows into expert order and the combine sums each
+token's routed rows and shared row in fp32 (``kernels.moe_combine``).
 
 The selection bias is a buffer that stays zero here: V4's auxiliary-loss-free balancing nudges it
 after each step from the expert loads; this proxy leaves that update out (Primus forces uniform
@@ -78,7 +78,7 @@ class MoE(nn.Module):
 
     def _experts(self, x2: Tensor, order: Tensor, offsets: Tensor, weights: Tensor) -> Tensor:
         ops = self.ops
-        routed = ops.expert_mlp(x2[order // self.topk], offsets, weights, self.w13, self.w2,
+        routed = ops.expert_mlp(ops.moe_dispatch(x2, order, self.topk), offsets, weights, self.w13, self.w2,
                                 _grad_buffers(self.w13, self.w2))
         shared = None
         if self.shared_w13 is not None:

@@ -3,7 +3,7 @@
 ``get_ops("eager")`` takes the eager reference of every kernel (each kernel module has one, and
 the kernels' tests hold the two to agreement); ``get_ops("triton")`` takes the Triton kernels
 where the project has them: RMSNorm, Sinkhorn, the mHC glue / collapse / expand, RoPE on the
-512-wide heads, the router tail, the grouped expert MLP and its combine, the sparse attention, the compressor's
+512-wide heads, the router tail, the grouped expert MLP with its dispatch and combine, the sparse attention, the compressor's
 pooling and the indexer's top-k. Only RoPE on the indexer's 128-wide heads stays eager in both
 (``kernels.rope`` rotates 512-wide heads). Until 2026-12-01 the three attention-side kernels had
 landed but were not swapped in here, so "triton" runs and profiles before then attended eagerly.
@@ -22,7 +22,7 @@ from kernels.indexer import indexer_topk
 from kernels.mhc import (
     mhc_collapse, mhc_collapse_reference, mhc_expand, mhc_expand_reference, mhc_glue, mhc_glue_reference,
 )
-from kernels.moe_combine import moe_combine, moe_combine_reference
+from kernels.moe_combine import moe_combine, moe_combine_reference, moe_dispatch, moe_dispatch_reference
 from kernels.rmsnorm import rms_norm, rms_norm_reference
 from kernels.rope import HEAD_DIM, ROPE_DIM, rope
 from kernels.router import route, route_reference
@@ -46,6 +46,7 @@ class Ops:
     rope: Callable[..., Tensor]  # rope(x [..., H, d], pos, theta, inverse, rope_dim)
     route: Callable[..., tuple[Tensor, Tensor]]
     expert_mlp: Callable[..., Tensor]  # expert_mlp(x_sorted, offsets, weights, w13, w2, grad_buffers)
+    moe_dispatch: Callable[..., Tensor]  # moe_dispatch(x, order, topk): token rows in expert order
     moe_combine: Callable[..., Tensor]  # moe_combine(routed, order, topk, shared)
     sparse_attention: Callable[..., Tensor]
     compress_pool: Callable[..., Tensor]
@@ -77,11 +78,13 @@ def _triton_compress_pool(kv: Tensor, score: Tensor, ape: Tensor, ratio: int) ->
 _TABLES = {
     "eager": Ops(rms_norm=rms_norm_reference, sinkhorn=sinkhorn_reference, mhc_glue=mhc_glue_reference,
                  mhc_collapse=mhc_collapse_reference, mhc_expand=mhc_expand_reference, rope=attention_ops.rope_tail,
-                 route=route_reference, expert_mlp=_eager_expert_mlp, moe_combine=moe_combine_reference,
+                 route=route_reference, expert_mlp=_eager_expert_mlp,
+                 moe_dispatch=moe_dispatch_reference, moe_combine=moe_combine_reference,
                  sparse_attention=attention_ops.sparse_attention, compress_pool=attention_ops.compress_pool,
                  indexer_topk=attention_ops.indexer_topk, indexer_rope=attention_ops.rope_tail),
     "triton": Ops(rms_norm=rms_norm, sinkhorn=sinkhorn, mhc_glue=mhc_glue, mhc_collapse=mhc_collapse,
-                  mhc_expand=mhc_expand, rope=_triton_rope, route=route, expert_mlp=expert_mlp, moe_combine=moe_combine,
+                  mhc_expand=mhc_expand, rope=_triton_rope, route=route, expert_mlp=expert_mlp,
+                  moe_dispatch=moe_dispatch, moe_combine=moe_combine,
                   sparse_attention=sparse_attention, compress_pool=_triton_compress_pool, indexer_topk=indexer_topk,
                   indexer_rope=attention_ops.rope_tail),
 }
