@@ -4,6 +4,9 @@
 # the tuned table with the planner's recompute plan for this GPU. The plan comes from this run:
 # proxy-8l's layers are profiled here (tuner profile layers, EP 1) and `tuner plan` picks the
 # recompute for one GPU (RECOMPUTE=... skips that and uses the given plan).
+# SWEEP_GROUP=<group of bench/sweep_specs.py> sweeps that group first (bench/gpu/sweep_group.sh, into
+# $OUT/sweep) and lays its exported table over the shipped one as the user table of every rung (the
+# sweeps before the benchmark, in one run).
 # Writes the record, the plot, the plan and the logs under $OUT.
 # Usage (GPU host): source .gpubundle/install.sh && bash bench/gpu/train_ladder.sh
 # From a `git archive` export (no history of its own), set BENCH_COMMIT=<the exported commit> so the
@@ -11,6 +14,11 @@
 set -uo pipefail
 out=${OUT:-/tmp/train-ladder}
 mkdir -p "$out"
+if [ -n "${SWEEP_GROUP:-}" ]; then
+  OUT="$out/sweep" SWEEP_SECONDS="${SWEEP_SECONDS:-150}" bash bench/gpu/sweep_group.sh "$SWEEP_GROUP"
+  export TUNER_TABLES_DIR="$out/sweep/tables"
+  mkdir -p "$TUNER_TABLES_DIR" && cp "$out/sweep/sm_90.json" "$TUNER_TABLES_DIR/sm_90.json"
+fi
 if [ -z "${RECOMPUTE:-}" ]; then
   db="sqlite:///$out/ladder-profiles.db"
   gpu=$(python3 -c "import torch; n = torch.cuda.get_device_name(); print('h200' if 'H200' in n else 'h100' if 'H100' in n else n)")
