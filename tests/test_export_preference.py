@@ -158,7 +158,7 @@ def test_merge_says_nothing_of_a_kept_entry_within_timing_noise(tmp_path):
 
 def test_quickstart_export_twice_over_a_copy_of_the_shipped_table_keeps_every_kernel(tmp_path):
     """Quickstart's export path (``export_table`` with its defaults) run twice into a folder holding a
-    copy of the shipped sm_90 table: the 24 kernels stay, and the database's winners replace only the
+    copy of the shipped sm_90 table: every shipped kernel stays, and the database's winners replace only the
     entries of their own (kernel, shape)."""
     from kernels.tuning import SHIPPED_TABLES, read_table
 
@@ -179,7 +179,7 @@ def test_quickstart_export_twice_over_a_copy_of_the_shipped_table_keeps_every_ke
     for _ in range(2):
         path, _ = export_table(engine, "sm_90", out)
         table = read_table(path, "sm_90")
-        assert len(table["entries"]) == len(shipped["entries"]) == 24
+        assert len(table["entries"]) == len(shipped["entries"]) > 1
         for kernel, shapes in shipped["entries"].items():
             for key, entry in shapes.items():
                 expected = {"num_warps": 16} if (kernel, key) in tuned else entry["config"]

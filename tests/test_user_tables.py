@@ -54,7 +54,7 @@ def test_export_writes_the_user_folder_and_the_kernels_read_it_over_the_shipped_
     assert merged["rmsnorm_fwd"][SHAPE][0] == "user"
     assert merged["rmsnorm_fwd"][SHAPE][1]["config"] == {"BLOCK_M": 4, "num_warps": 16}
     shipped = json.loads((tuning.SHIPPED_TABLES / "sm_90.json").read_text())["entries"]
-    assert len(merged) == len(shipped) == 24  # every shipped kernel is still read
+    assert len(merged) == len(shipped) > 1  # every shipped kernel is still read
     assert all(layer == "shipped" for kernel, shapes in merged.items() for key, (layer, _) in shapes.items()
                if (kernel, key) != ("rmsnorm_fwd", SHAPE))
 
