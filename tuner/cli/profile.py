@@ -12,6 +12,7 @@ Every heavy module (torch, Ray, the V4 model) is imported inside the command tha
 from __future__ import annotations
 
 from pathlib import Path
+import json
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -100,6 +101,9 @@ def measure_layers(engine: Engine, config: ModelConfig, seq: int, mbs: int, ep: 
     if show:
         console.print(train_display.profile_table(costs, f"{config.name} on {kind}: seq {seq}, mbs {mbs}, ep {ep}, "
                                                          f"{tables}"))
+        shares = trace / "kernel_shares.json" if trace is not None else None
+        if shares is not None and shares.exists():
+            console.print(train_display.shares_table(json.loads(shares.read_text())))
 
 
 def _ranks_per_node(device: str) -> tuple[int, int]:

@@ -104,6 +104,18 @@ def profile_table(costs: list[LayerCost], title: str) -> Fitted:
     return fitted(table)
 
 
+def shares_table(shares: list[dict]) -> Fitted:
+    """Per layer kind: one profiled forward + backward's device time in GEMMs, attention and the rest,
+    and the total over GEMMs plus attention (``tuner.train.kernel_shares``)."""
+    table = Table("layer kind", "ms: GEMM, attention, other", "total ms", "total / (GEMM + attention)",
+                  title="device time by kernel class (one profiled forward + backward)")
+    for share in shares:
+        ratio = share["total_over_gemm_and_attention"]
+        table.add_row(share["kind"], f"{share['gemm_ms']:.3f}, {share['attention_ms']:.3f}, {share['other_ms']:.3f}",
+                      f"{share['total_ms']:.3f}", "-" if ratio is None else f"{ratio:.2f}x")
+    return fitted(table)
+
+
 def alltoall_table(cost: AlltoallCost, title: str) -> Fitted:
     """One MoE layer's dispatch, combine and their sum (one forward; the backward repeats it), with GB/s."""
     shape = cost.shape

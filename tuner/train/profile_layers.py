@@ -30,7 +30,9 @@ Timing: CUDA events around each phase after ``warmup`` rounds, the median of ``r
 a GPU; the wall clock (``time.perf_counter``) on the CPU. With ``trace_dir``, one more round of
 forward + backward per piece runs under ``torch.profiler``: ``<kind>.json`` (a Chrome trace) and
 ``<kind>.txt`` (the ops by device time, the CPU's where there is no GPU) show where a layer's time
-goes when it is slower than its kernels.
+goes when it is slower than its kernels; on a GPU, ``kernel_shares.json`` gives each kind's device
+time in GEMMs, attention and the rest, and the total over the first two
+(``tuner.train.kernel_shares``).
 
 Expert parallelism: with ``ep = N`` the decoder and MTP layers are built from the config with
 ``experts / N`` experts (the experts one EP rank holds) and the same ``experts_per_token = k``.
@@ -47,6 +49,7 @@ token, under 1 % of a V4-Flash layer), and the dispatch / combine all-to-all is 
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -57,6 +60,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from tuner.train.kernel_shares import device_activities, time_shares
 from v4.config import STREAMS, ModelConfig, ModelArgumentError, expert_parallel_config, layer_kind
 from v4.memory import SavedActivations
 from v4.moe import MoE
@@ -173,8 +177,9 @@ def _timed(device: torch.device, fn: Callable[[], object]) -> tuple[float, objec
     return (time.perf_counter() - start_s) * 1e3, out
 
 
-def _trace(piece: _Piece, device: torch.device, trace_dir: Path) -> None:
-    """One profiled forward + backward of ``piece``: a Chrome trace and the op table (see the module doc)."""
+def _trace(piece: _Piece, device: torch.device, trace_dir: Path) -> dict | None:
+    """One profiled forward + backward of ``piece``: a Chrome trace and the op table (see the module doc);
+    on a GPU, its device time by kernel class (``tuner.train.kernel_shares``)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -188,6 +193,9 @@ def _trace(piece: _Piece, device: torch.device, trace_dir: Path) -> None:
     prof.export_chrome_trace(str(trace_dir / f"{name}.json"))
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     (trace_dir / f"{name}.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40) + "\n")
+    if device.type == "cuda":
+        return {"kind": piece.kind, **time_shares(device_activities(prof))}
+    return None
 
 
 def _measure(piece: _Piece, device: torch.device, warmup: int, reps: int) -> LayerCost:
@@ -260,14 +268,16 @@ def profile_layers(config: ModelConfig, seq: int, mbs: int = 1, ep: int = 1, ker
             trace_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # before any measurement, so a bad path costs nothing
             raise ProfileError(f"trace: cannot create the folder {trace_dir}: {exc.strerror}") from None
-    costs = []
+    costs, shares = [], []
     for build in _pieces(config, local, seq, mbs, kernels, device, dtype):
         piece = build()
         on_piece(piece.kind)
         costs.append(_measure(piece, device, warmup, reps))
-        if trace_dir is not None:
-            _trace(piece, device, trace_dir)
+        if trace_dir is not None and (share := _trace(piece, device, trace_dir)) is not None:
+            shares.append(share)
         del piece
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    if shares:
+        (trace_dir / "kernel_shares.json").write_text(json.dumps(shares, indent=1) + "\n")
     return costs

@@ -1,0 +1,41 @@
+"""A profiled layer's device time split into GEMMs, attention and the rest, by kernel name."""
+
+from types import SimpleNamespace
+
+import pytest
+from torch.autograd import DeviceType
+
+from tuner.train.kernel_shares import device_activities, kernel_class, time_shares
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NNT", "gemm"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", "gemm"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>", "gemm"),
+    ("_grouped_gemm_kernel", "gemm"),
+    ("_grouped_wgrad_kernel", "gemm"),
+    ("_sparse_attn_bwd_kernel", "attention"),
+    ("_sparse_attn_fwd_sm90_persistent_kernel", "attention"),
+    ("_score_kernel", "attention"),
+    ("void at::native::(anonymous namespace)::indexFuncLargeIndex<c10::BFloat16, long>", "other"),
+    ("Memcpy DtoD (Device -> Device)", "other"),
+    ("_combine_kernel", "other"),
+])
+def test_kernel_class_by_name(name, kind):
+    assert kernel_class(name) == kind
+
+
+def test_time_shares_sum_by_class_and_give_the_remainder_ratio():
+    shares = time_shares([("nvjet_a", 600.0), ("_sparse_attn_fwd_kernel", 400.0), ("elementwise", 500.0)])
+    assert shares == {"gemm_ms": 0.6, "attention_ms": 0.4, "other_ms": 0.5, "total_ms": 1.5,
+                      "total_over_gemm_and_attention": 1.5}
+    assert time_shares([("elementwise", 10.0)])["total_over_gemm_and_attention"] is None
+
+
+def test_device_activities_keep_only_device_events():
+    def event(name, device_type, us):
+        return SimpleNamespace(name=name, device_type=device_type,
+                               time_range=SimpleNamespace(elapsed_us=lambda: us))
+    prof = SimpleNamespace(events=lambda: [event("aten::mm", DeviceType.CPU, 900.0),
+                                           event("nvjet_a", DeviceType.CUDA, 120.0)])
+    assert device_activities(prof) == [("nvjet_a", 120.0)]

@@ -1,0 +1,52 @@
+"""Where a layer's device time goes: its GEMM and attention kernels against everything else.
+
+Issue 36's measure of a layer's eager remainder is the ratio of its forward + backward device time
+to the time of its GEMM and attention kernels alone (target: within 1.6x). A profiled round
+(``tuner profile layers --trace``) gives every device activity with its duration; each is put in
+one class by its name:
+
+* ``gemm``: cuBLAS / CUTLASS (``gemm``, ``nvjet``, ``xmma``, ``cutlass``) and the project's grouped
+  expert GEMMs (``_grouped_gemm_kernel``, ``_grouped_wgrad_kernel``);
+* ``attention``: the sparse attention (``sparse_attn``), the indexer's scoring (``_score_kernel``)
+  and any flash / fused attention;
+* ``other``: the rest: the memory-bound kernels, eager elementwise ops, copies, memsets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+GEMM_MARKS = ("gemm", "nvjet", "xmma", "cutlass", "_grouped_wgrad_kernel")
+ATTENTION_MARKS = ("sparse_attn", "_score_kernel", "flash", "fmha")
+
+
+def kernel_class(name: str) -> str:
+    """``gemm``, ``attention`` or ``other`` for a device activity's name (see the module doc)."""
+    lowered = name.lower()
+    if any(mark in lowered for mark in ATTENTION_MARKS):
+        return "attention"
+    if any(mark in lowered for mark in GEMM_MARKS):
+        return "gemm"
+    return "other"
+
+
+def time_shares(activities: Iterable[tuple[str, float]]) -> dict[str, Any]:
+    """Milliseconds per class of ``(name, microseconds)`` device activities, their total, and the
+    remainder ratio: total over GEMM plus attention (None when the layer has neither)."""
+    ms = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    for name, us in activities:
+        ms[kernel_class(name)] += us / 1e3
+    total = sum(ms.values())
+    core = ms["gemm"] + ms["attention"]
+    return {**{f"{kind}_ms": round(value, 4) for kind, value in ms.items()}, "total_ms": round(total, 4),
+            "total_over_gemm_and_attention": round(total / core, 3) if core else None}
+
+
+def device_activities(prof: Any) -> list[tuple[str, float]]:
+    """``(name, microseconds)`` of every device activity (kernels, copies, memsets) a
+    ``torch.profiler.profile`` recorded."""
+    from torch.autograd import DeviceType
+
+    return [(event.name, event.time_range.elapsed_us()) for event in prof.events()
+            if event.device_type == DeviceType.CUDA]
