@@ -6,8 +6,8 @@ Two measurements, each in fresh processes with an empty database:
   sweep's own (the sweep row's started_at to finished_at) is the start-up and tear-down it added.
   With ``--with-running-ray``, ``command_joining_a_running_ray``: the same while this machine
   already runs a Ray (``ray start --head``, started by the benchmark and stopped after), which the
-  command joins instead of starting and stopping its own (a Ray whose token authentication the
-  benchmark's environment does not carry cannot be joined).
+  command finds and joins, as a user's would, instead of starting and stopping its own. The
+  benchmark refuses to run where a Ray already runs: every command would join it.
 * ``steps``: the same steps one by one in a probe process, timed apart: importing the CLI,
   validating the spec (imports torch and the kernels), opening the database, importing the sweep
   runner (Optuna, Ray), the worker pool's start (Ray, the device workers; ``WorkerPool.timings``),
@@ -104,27 +104,34 @@ def _sweep_seconds(url: str) -> float:
         return (sweep.finished_at - sweep.started_at).total_seconds()
 
 
+# Joins the Ray this machine runs, as the pool does without an address; exits 1 when none runs.
+JOIN_RUNNING = "import ray; ray.init(address='auto', log_to_driver=False); ray.shutdown()"
+JOIN_TIMEOUT_S = 120
+
+
+def _ray_running() -> bool:
+    return subprocess.run([sys.executable, "-c", JOIN_RUNNING], capture_output=True).returncode == 0
+
+
 @contextlib.contextmanager
-def _running_ray(folder: Path) -> Iterator[str]:
-    """A Ray head of this benchmark's own (``ray start --head --block``), its address; stopped on leaving."""
+def _running_ray() -> Iterator[None]:
+    """A Ray head of this benchmark's own (``ray start --head --block``, Ray's default temp dir, where
+    a command finds it), up and joinable; stopped on leaving."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     head = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
-                             f"--port={port}", "--include-dashboard=false", f"--temp-dir={folder / 'ray'}"],
+                             f"--port={port}", "--include-dashboard=false"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    from ray.util import get_node_ip_address  # where the head listens (it maps 127.0.0.1 to it too)
-
-    address = f"{get_node_ip_address()}:{port}"
     try:
-        join = "import ray; ray.init(address=%r, log_to_driver=False); ray.shutdown()" % address
-        deadline = time.monotonic() + 300
-        while (joined := subprocess.run([sys.executable, "-c", join], capture_output=True, text=True)).returncode:
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        while (joined := subprocess.run([sys.executable, "-c", JOIN_RUNNING], capture_output=True,
+                                        text=True)).returncode:
             if head.poll() is not None or time.monotonic() > deadline:
                 last = (joined.stderr.strip().splitlines() or ["?"])[-1]
                 raise RuntimeError(f"could not join the Ray head started on port {port}: {last}")
             time.sleep(1)
-        yield address
+        yield
     finally:
         head.terminate()  # ``ray start --block`` drains the node and stops the processes it started
         try:
@@ -163,6 +170,9 @@ def _gpus() -> int:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.runs < 1 or args.trials < 1:
         raise ValueError("--runs and --trials must be >= 1")
+    if _ray_running():
+        raise RuntimeError("a Ray already runs on this machine, which the commands would join: stop it (ray stop) "
+                           "to time a command that starts its own")
     gpu = _gpus() > 0 and not args.smoke
     commands, joining, probes = [], [], []
     for _ in range(args.runs):
@@ -175,8 +185,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             commands.append(_command(folder, spec, env))
             probes.append(_steps(folder, spec, env))
             if args.with_running_ray:
-                with _running_ray(folder) as address:
-                    joining.append(_command(folder, spec, {**env, "RAY_ADDRESS": address}, "joining"))
+                with _running_ray():
+                    joining.append(_command(folder, spec, env, "joining"))
     median = {key: statistics.median(c[key] for c in commands) for key in commands[0]}
     joined = {key: statistics.median(c[key] for c in joining) for key in joining[0]} if joining else None
     steps = {key: statistics.median(p["steps"][key] for p in probes) for key in probes[0]["steps"]}

@@ -7,10 +7,11 @@ ahead.
 
 Start-up is what a one-shot ``tuner sweep run`` pays before its first trial, so the pool waits
 only for what a trial needs: the device workers (their benchmarking children import torch and
-open the GPU) start together, alone, and the compile workers warm up (import the kernels, open the
-driver) once they are up, beside the first trials. A Ray the pool starts itself prestarts no idle
-workers: the pool's tasks carry a runtime env, so such workers would only compete with the device
-workers' start. ``timings`` says where the seconds went.
+open the GPU) start together, and the compile workers warm up (import the kernels) beside them
+and beside the first trials, not before them. (Warming them only once the device workers were up
+left the device workers' start as slow and slowed the first trials: ``docs/findings.md``.) A Ray
+the pool starts itself prestarts no idle workers: the pool's tasks carry a runtime env, so such
+workers would go unused. ``timings`` says where the seconds went.
 Ray and the workers' modules are imported by ``start``: importing this module (``PoolError``)
 costs nothing.
 """
@@ -106,7 +107,8 @@ class WorkerPool:
             actors = [DeviceWorker.options(num_gpus=1, num_cpus=0, **options).remote(env) for _ in range(gpus)]
         cpus = int(ray.cluster_resources().get("CPU", 1))
         compile_slots = max(min(cpus - (len(actors) if interpret else 0), MAX_COMPILE_WORKERS), 1)
-        try:
+        warming = [] if interpret else [warm_up.options(**options).remote() for _ in range(compile_slots)]
+        try:  # compile workers warm up while the device workers' children import torch, and after
             infos = ray.get([a.describe.remote() for a in actors], timeout=START_TIMEOUT_S)
         except Exception as exc:
             for actor in actors:
@@ -115,9 +117,6 @@ class WorkerPool:
                 ray.shutdown()
             raise PoolError(f"device workers failed to start: {exc}") from None
         timings["workers_s"] = time.perf_counter() - began - timings["import_s"] - timings["ray_s"]
-        # the compile workers warm up beside the sweep's first trials (whose configs the device child
-        # compiles itself until they are warm), not beside the device workers' start
-        warming = [] if interpret else [warm_up.options(**options).remote() for _ in range(compile_slots)]
         pool = cls(actors, infos, compile_ahead=not interpret, compile_slots=compile_slots,
                    runtime_env=options["runtime_env"], started_ray=started, timings=timings, warming=warming)
         pool.arch  # noqa: B018 - fail early on a mixed pool
