@@ -9,6 +9,7 @@
 # plus each step's log and the device. --smoke: the same on the CPU (Triton interpreter, small shapes, no
 # autotune comparison), to check the script without a GPU.
 # Usage (GPU host, bundle carried): source .gpubundle/install.sh && bash bench/gpu/cli_startup.sh [--smoke]
+# Each step has a time limit of its own (exit 124 in its log line), so one stuck step leaves the others theirs.
 # From a `git archive` export (no history of its own), set BENCH_COMMIT=<the exported commit> so the
 # records name it (bench/record.py).
 set -uo pipefail
@@ -22,14 +23,14 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/device.csv" 2>&1
 status=0
 
-python3 -m bench startup --runs "${STARTUP_RUNS:-3}" "${smoke[@]}" --record "$out/startup.json" > "$out/startup.log" 2>&1
+timeout 300 python3 -m bench startup --runs "${STARTUP_RUNS:-3}" "${smoke[@]}" --record "$out/startup.json" > "$out/startup.log" 2>&1
 echo "startup: exit $?"; tail -30 "$out/startup.log"
-python3 -m bench startup --runs 1 "${smoke[@]}" --with-running-ray --record "$out/startup_joining_ray.json" \
+timeout 150 python3 -m bench startup --runs 1 "${smoke[@]}" --with-running-ray --record "$out/startup_joining_ray.json" \
   > "$out/startup_joining_ray.log" 2>&1
 echo "startup joining a running Ray: exit $?"; grep -A4 joining "$out/startup_joining_ray.log"
 
 if [[ ${#smoke[@]} -eq 0 ]]; then
-  python3 -m bench service_vs_autotune --record "$out/service_vs_autotune.json" > "$out/service_vs_autotune.log" 2>&1
+  timeout 300 python3 -m bench service_vs_autotune --record "$out/service_vs_autotune.json" > "$out/service_vs_autotune.log" 2>&1
   echo "service_vs_autotune: exit $?"; tail -40 "$out/service_vs_autotune.log"
 fi
 
