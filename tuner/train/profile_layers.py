@@ -274,10 +274,9 @@ def profile_layers(config: ModelConfig, seq: int, mbs: int = 1, ep: int = 1, ker
         on_piece(piece.kind)
         costs.append(_measure(piece, device, warmup, reps))
         if trace_dir is not None and (share := _trace(piece, device, trace_dir)) is not None:
-            shares.append(share)
+            shares.append(share)  # written after each piece: a run cut short keeps the kinds it finished
+            (trace_dir / "kernel_shares.json").write_text(json.dumps(shares, indent=1) + "\n")
         del piece
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    if shares:
-        (trace_dir / "kernel_shares.json").write_text(json.dumps(shares, indent=1) + "\n")
     return costs
