@@ -34,6 +34,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from workers.pool import running_local_ray
+
 TARGET_OVERHEAD_S = 10.0
 GPU_SHAPE = {"tokens": 16384, "hidden": 4096}
 CPU_SHAPE = {"tokens": 64, "hidden": 128}
@@ -109,10 +111,6 @@ JOIN_RUNNING = "import ray; ray.init(address='auto', log_to_driver=False); ray.s
 JOIN_TIMEOUT_S = 120
 
 
-def _ray_running() -> bool:
-    return subprocess.run([sys.executable, "-c", JOIN_RUNNING], capture_output=True).returncode == 0
-
-
 @contextlib.contextmanager
 def _running_ray() -> Iterator[None]:
     """A Ray head of this benchmark's own (``ray start --head --block``, Ray's default temp dir, where
@@ -125,10 +123,15 @@ def _running_ray() -> Iterator[None]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + JOIN_TIMEOUT_S
-        while (joined := subprocess.run([sys.executable, "-c", JOIN_RUNNING], capture_output=True,
-                                        text=True)).returncode:
-            if head.poll() is not None or time.monotonic() > deadline:
+        while True:
+            if running_local_ray():
+                joined = subprocess.run([sys.executable, "-c", JOIN_RUNNING], capture_output=True, text=True)
+                if joined.returncode == 0:
+                    break
                 last = (joined.stderr.strip().splitlines() or ["?"])[-1]
+            else:
+                last = "no head answers at the address Ray's temp dir names"
+            if head.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"could not join the Ray head started on port {port}: {last}")
             time.sleep(1)
         yield
@@ -170,7 +173,7 @@ def _gpus() -> int:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.runs < 1 or args.trials < 1:
         raise ValueError("--runs and --trials must be >= 1")
-    if _ray_running():
+    if running_local_ray():
         raise RuntimeError("a Ray already runs on this machine, which the commands would join: stop it (ray stop) "
                            "to time a command that starts its own")
     gpu = _gpus() > 0 and not args.smoke

@@ -254,3 +254,22 @@ def test_commands_in_one_process_each_reach_their_own_database(tmp_path):
         assert session.scalars(select(Sweep)).all() == []
     with session_scope(open_database(second)) as session:
         assert [s.kernel for s in session.scalars(select(Sweep)).all()] == ["fault_probe"]
+
+
+def test_a_local_ray_is_joined_only_while_its_head_answers(monkeypatch):
+    """Ray's address file outlives a killed head; joining that address would wait for minutes."""
+    import socket
+
+    import ray._private.utils as ray_utils
+
+    from workers.pool import running_local_ray
+
+    with socket.socket() as head:
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        address = f"127.0.0.1:{head.getsockname()[1]}"
+        monkeypatch.setattr(ray_utils, "read_ray_address", lambda temp_dir=None: address)
+        assert running_local_ray() == address
+    assert running_local_ray() is None  # the port closed with the head
+    monkeypatch.setattr(ray_utils, "read_ray_address", lambda temp_dir=None: None)
+    assert running_local_ray() is None

@@ -1,9 +1,9 @@
 """Start the Ray workers of a sweep: one device worker per GPU, CPU slots for compiling.
 
 With an address (or ``RAY_ADDRESS``) the pool joins that cluster; without one it joins the Ray
-already running on this machine (``ray start``), else starts a local one. On a cluster without
-GPUs the workers run the kernels on the CPU under ``TRITON_INTERPRET=1`` and nothing is compiled
-ahead.
+already running on this machine (``ray start``) when its head answers, else starts a local one.
+On a cluster without GPUs the workers run the kernels on the CPU under ``TRITON_INTERPRET=1`` and
+nothing is compiled ahead.
 
 Start-up is what a one-shot ``tuner sweep run`` pays before its first trial, so the pool waits
 only for what a trial needs: the device workers (their benchmarking children import torch and
@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ START_TIMEOUT_S = 300.0
 # Compiling one config takes well under a second, so a few workers out-compile any GPU;
 # starting one per core only slows the pool's start (each imports torch and opens CUDA).
 MAX_COMPILE_WORKERS = 16
+LIVE_HEAD_TIMEOUT_S = 1.0
 # Ray's raylet prestarts one idle worker a CPU for the first driver unless this is "0".
 NO_PRESTART = "RAY_prestart_worker_first_driver"
 
@@ -47,6 +49,26 @@ def _worker_env(interpret: bool) -> dict[str, str]:
     # Compile tasks ask for no GPU but must see the host's GPUs to know Triton's target.
     env["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = "0"
     return env
+
+
+def running_local_ray() -> str | None:
+    """The address of the Ray head this machine runs (``ray start --head``), when it answers; else None.
+
+    Ray finds that head through the address file it writes in its temp dir, which outlives a head
+    that was killed: ``ray.init`` would then wait minutes on a dead address. A head is taken as
+    running when its GCS port accepts a connection.
+    """
+    from ray._private.utils import read_ray_address
+
+    address = read_ray_address()
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=LIVE_HEAD_TIMEOUT_S):
+            return address
+    except (OSError, ValueError):
+        return None
 
 
 @contextlib.contextmanager
@@ -91,10 +113,11 @@ class WorkerPool:
         if started:
             if address:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-            else:  # joins a Ray this machine already runs (``ray start --head``), else starts one;
-                # a given CPU count asks for a Ray of this process's own
+            elif not num_cpus and running_local_ray():  # a given CPU count asks for a Ray of this process's own
+                ray.init(address="auto", log_to_driver=False, logging_level=logging.WARNING)
+            else:
                 with _no_prestarted_workers():
-                    ray.init(address="local" if num_cpus else None, num_cpus=num_cpus, include_dashboard=False,
+                    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
                              log_to_driver=False, logging_level=logging.WARNING)  # the commands say what they run on
         timings["ray_s"] = time.perf_counter() - began - timings["import_s"]
         gpus = int(ray.cluster_resources().get("GPU", 0))
