@@ -102,3 +102,12 @@ def test_a_table_reads_at_80_columns(name):
     broken = sorted({word for cell in _cells(table) for word in cell.split()
                      if len(word) <= LONGEST_WORD and word not in text})
     assert broken == [], f"{name}: words broken across lines: {broken}\n{text}"
+
+
+@pytest.mark.parametrize("started_ray", [True, False])
+def test_the_pool_start_line_reads_at_80_columns(started_ray):
+    line = display.pool_started(16, "sm_90", {"import_s": 0.01, "ray_s": 16.234, "workers_s": 118.5}, started_ray)
+    text = _rendered(line)
+    assert max(map(len, text.splitlines())) <= WIDTH
+    assert ("Ray started 16.2 s" in text) == started_ray and ("tip:" in text) == started_ray
+    assert "up in 134.7 s" in text and "workers 118.5 s" in text

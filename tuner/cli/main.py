@@ -130,6 +130,7 @@ def _pool_with(ray_address: Optional[str], cpu_workers: int, beside: Callable[[]
     with ThreadPoolExecutor(1, thread_name_prefix="beside-pool-start") as executor:
         work = executor.submit(beside)
         pool = WorkerPool.start(ray_address, cpu_workers=cpu_workers)
+        display.console.print(display.pool_started(len(pool.workers), pool.arch, pool.timings, pool.started_ray))
         try:
             yield pool, work.result()
         finally:
@@ -148,7 +149,7 @@ def sweep_run(spec: Path, ray_address: RayAddress = None, cpu_workers: CpuWorker
         from tuner.sweep.serve import owner_name
 
         sweep_id = queue.enqueue(state.engine, parsed)
-        display.console.print(f"sweep {sweep_id} queued; running on {len(pool.workers)} {pool.arch} worker(s)")
+        display.console.print(f"sweep {sweep_id} queued")
         _run_with_pool(pool, [sweep_id], owner_name())
 
 
