@@ -83,7 +83,8 @@ class MoE(nn.Module):
         shared = None
         if self.shared_w13 is not None:
             n_tokens = x2.shape[0]
-            everyone = torch.tensor([0, n_tokens], device=x2.device, dtype=torch.int32)
+            # [0, n_tokens] made on the device: a list copied from the host would wait for the GPU
+            everyone = torch.arange(2, device=x2.device, dtype=torch.int32) * n_tokens
             ones = torch.ones(n_tokens, device=x2.device, dtype=torch.float32)
             shared = ops.expert_mlp(x2, everyone, ones, self.shared_w13, self.shared_w2,
                                     _grad_buffers(self.shared_w13, self.shared_w2))
