@@ -104,10 +104,10 @@ def test_a_table_reads_at_80_columns(name):
     assert broken == [], f"{name}: words broken across lines: {broken}\n{text}"
 
 
-@pytest.mark.parametrize("started_ray", [True, False])
-def test_the_pool_start_line_reads_at_80_columns(started_ray):
-    line = display.pool_started(16, "sm_90", {"import_s": 0.01, "ray_s": 16.234, "workers_s": 118.5}, started_ray)
+@pytest.mark.parametrize("own_ray", [True, False])
+def test_the_pool_start_line_reads_at_80_columns(own_ray):
+    line = display.pool_started(16, "sm_90", {"import_s": 0.01, "ray_s": 16.234, "workers_s": 118.5}, own_ray)
     text = _rendered(line)
     assert max(map(len, text.splitlines())) <= WIDTH
-    assert ("Ray started 16.2 s" in text) == started_ray and ("tip:" in text) == started_ray
+    assert ("Ray started 16.2 s" in text) == own_ray and ("tip:" in text) == own_ray
     assert "up in 134.7 s" in text and "workers 118.5 s" in text

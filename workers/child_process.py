@@ -4,14 +4,20 @@ A config that raises an illegal memory access, segfaults, or never returns must 
 trial, not the worker. ``BenchProcess.request`` returns the child's answer, or a
 ``crash``/``timeout`` answer with the error text after killing and forgetting the child;
 the next request starts a fresh one.
+
+The first child may be adopted instead of started: a pre-warmed one (``workers.prewarmed_child``)
+that the pool started before Ray, reached through its socket. If it cannot be reached, the
+worker starts its own, as it does after every fault.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -19,16 +25,65 @@ import time
 from typing import Any
 
 
+ADOPT_TIMEOUT_S = 300.0  # the pre-warmed child's imports may still be running
+
+
+class _AdoptedChild:
+    """A pre-warmed child reached through its socket: the part of ``Popen`` that ``BenchProcess`` uses.
+    It is the pool's child, not this process's, so its exit code is not known here (None)."""
+
+    def __init__(self, conn: socket.socket, reader: Any, pid: int) -> None:
+        self._conn, self.stdout, self.pid = conn, reader, pid
+        self.stdin = conn.makefile("w", encoding="utf-8")
+        self._gone = False
+
+    def poll(self) -> int | None:
+        return 0 if self._gone else None
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        self._gone = True
+        self._conn.close()
+
+    def wait(self) -> None:
+        self._gone = True
+
+
+def adopt(path: str) -> tuple[_AdoptedChild, Any] | None:
+    """The pre-warmed child listening at ``path`` and its stderr file, or None when there is none to reach."""
+    from workers.prewarmed_child import stderr_path
+
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.settimeout(ADOPT_TIMEOUT_S)
+        conn.connect(path)
+        reader = conn.makefile("r", encoding="utf-8")
+        pid = int(json.loads(reader.readline())["pid"])
+        conn.settimeout(None)
+        return _AdoptedChild(conn, reader, pid), open(stderr_path(path))
+    except (OSError, ValueError, KeyError, TypeError):
+        conn.close()
+        return None
+
+
 class BenchProcess:
     """One long-lived ``workers.bench_child`` process, restarted after every fault."""
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, adopt_from: str | None = None) -> None:
         self._env = {**os.environ, **(env or {})}
-        self._proc: subprocess.Popen[str] | None = None
+        self._proc: subprocess.Popen[str] | _AdoptedChild | None = None
         self._stderr = None
+        self._adopt_from = adopt_from  # tried once, by the first start
         self.restarts = 0
+        self.adopted = False
 
-    def _start(self) -> subprocess.Popen[str]:
+    def _start(self) -> subprocess.Popen[str] | _AdoptedChild:
+        path, self._adopt_from = self._adopt_from, None
+        if path is not None and (found := adopt(path)) is not None:
+            self._proc, self._stderr = found
+            self.adopted = True
+            return self._proc
         self._stderr = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "workers.bench_child"],
@@ -75,7 +130,8 @@ class BenchProcess:
                         self._discard("benchmark process exited after an error", "crash")
                     return answer
                 code = proc.wait()
-                cause = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                cause = ("its connection closed" if code is None
+                         else f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}")
                 return self._discard(f"benchmark process died ({cause})", "crash")
 
     def close(self) -> None:

@@ -20,15 +20,20 @@ DESCRIBE_TIMEOUT_S = 300.0  # first start of a child imports torch and triton
 class DeviceWorker:
     """Runs trials and re-timings for the sweep runner on this actor's device."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self._bench = BenchProcess(env)
+    def __init__(self, env: dict[str, str], prewarmed: str | None = None) -> None:
+        """``prewarmed``: the socket of a pre-warmed child to adopt (``workers.prewarmed_child``); a
+        ``{gpu}`` in it stands for the GPU Ray gave this actor."""
+        if prewarmed is not None and "{gpu}" in prewarmed:
+            gpus = ray.get_gpu_ids()
+            prewarmed = prewarmed.format(gpu=gpus[0]) if len(gpus) == 1 else None
+        self._bench = BenchProcess(env, adopt_from=prewarmed)
         self._node = ray.get_runtime_context().get_node_id()
 
     def describe(self) -> dict[str, Any]:
         info = self._bench.request({"op": "describe"}, DESCRIBE_TIMEOUT_S)
         if "arch" not in info:
             raise RuntimeError(f"benchmark process failed to start: {info.get('error')}")
-        return {**info, "node": self._node}
+        return {**info, "node": self._node, "adopted": self._bench.adopted}
 
     def run_trial(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         return {**self._bench.request({"op": "trial", **request}, timeout_s), "node": self._node}

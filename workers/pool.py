@@ -6,8 +6,9 @@ On a cluster without GPUs the workers run the kernels on the CPU under ``TRITON_
 nothing is compiled ahead.
 
 Start-up is what a one-shot ``tuner sweep run`` pays before its first trial, so the pool waits
-only for what a trial needs: the device workers (their benchmarking children import torch and
-open the GPU) start together, and the compile workers warm up (import the kernels) beside them
+only for what a trial needs: the device workers' benchmarking children (which import torch and
+open the GPU) start before Ray when the pool starts its own (``PrewarmedChildren``), the device
+workers start together and adopt them, and the compile workers warm up (import the kernels) beside them
 and beside the first trials, not before them. (Warming them only once the device workers were up
 left the device workers' start as slow and slowed the first trials: ``docs/findings.md``.) A Ray
 the pool starts itself prestarts no idle workers: the pool's tasks carry a runtime env, so such
@@ -21,10 +22,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import socket
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 # Variables the workers need to see as the driver sees them.
@@ -34,6 +39,8 @@ START_TIMEOUT_S = 300.0
 # starting one per core only slows the pool's start (each imports torch and opens CUDA).
 MAX_COMPILE_WORKERS = 16
 LIVE_HEAD_TIMEOUT_S = 1.0
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
+PREWARM_PREFIX = "tuner-prewarm-"  # + the pool's pid: a folder whose pool is gone is removed
 # Ray's raylet prestarts one idle worker a CPU for the first driver unless this is "0".
 NO_PRESTART = "RAY_prestart_worker_first_driver"
 
@@ -85,6 +92,82 @@ def _no_prestarted_workers() -> Iterator[None]:
             os.environ[NO_PRESTART] = saved
 
 
+def _local_gpu_ids() -> list[str]:
+    """The GPUs a Ray started here finds, by the ids it gives them: ``CUDA_VISIBLE_DEVICES``'s entries,
+    else one per NVIDIA device the driver lists in /proc (none elsewhere: then nothing is pre-warmed
+    for GPUs)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [device.strip() for device in visible.split(",") if device.strip()]
+    try:
+        return [str(i) for i in range(len(os.listdir(NVIDIA_GPUS)))]
+    except OSError:
+        return []
+
+
+def _remove_dead_pools_folders() -> None:
+    """Remove the pre-warm folders of pools whose process is gone (a killed server leaves its own)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{PREWARM_PREFIX}*-*"):
+        try:
+            os.kill(int(folder.name[len(PREWARM_PREFIX):].split("-")[0]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (ValueError, PermissionError):
+            continue  # not a pool's folder, or another user's pool
+
+
+@dataclass
+class PrewarmedChildren:
+    """Benchmarking children started before the pool's own Ray, one per device worker it expects
+    (``workers.prewarmed_child``): their imports overlap Ray's start, and each device worker adopts
+    the one of its device. The pool ends those nobody adopted once the workers are up, and the rest
+    at its shutdown."""
+
+    folder: str
+    children: dict[str, subprocess.Popen]  # socket path -> child
+    gpu_socket: str | None  # the GPU children's socket path, ``{gpu}`` standing for the device id
+
+    @classmethod
+    def start(cls, cpu_workers: int) -> PrewarmedChildren:
+        from workers.prewarmed_child import spawn
+
+        _remove_dead_pools_folders()
+        folder = tempfile.mkdtemp(prefix=f"{PREWARM_PREFIX}{os.getpid()}-")
+        gpu_ids = _local_gpu_ids()
+        if gpu_ids:
+            template = os.path.join(folder, "gpu-{gpu}.sock")
+            paths = {template.format(gpu=g): {**os.environ, **_worker_env(False), "CUDA_VISIBLE_DEVICES": g}
+                     for g in gpu_ids}
+        else:
+            template = None
+            paths = {os.path.join(folder, f"cpu-{i}.sock"): {**os.environ, **_worker_env(True)}
+                     for i in range(cpu_workers)}
+        return cls(folder, {path: spawn(path, env) for path, env in paths.items()}, template)
+
+    def socket_of(self, interpret: bool, index: int) -> str | None:
+        """The socket a device worker adopts its child from: the GPU template for GPU workers, the
+        ``index``-th CPU child's for interpreter workers; None when no such child was started."""
+        if not interpret:
+            return self.gpu_socket
+        path = os.path.join(self.folder, f"cpu-{index}.sock")
+        return path if path in self.children else None
+
+    def drop_unadopted(self) -> None:
+        """End the children no worker adopted (an adopted child removes its socket)."""
+        for path, child in list(self.children.items()):
+            if os.path.exists(path):
+                child.kill()
+                child.wait()
+                del self.children[path]
+
+    def close(self) -> None:
+        for child in self.children.values():
+            child.kill()
+            child.wait()
+        self.children.clear()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 @dataclass
 class WorkerPool:
     """The device workers of one server, with what each reported about itself."""
@@ -94,9 +177,11 @@ class WorkerPool:
     compile_ahead: bool
     compile_slots: int
     runtime_env: dict[str, Any]  # what every task of the pool runs with, compile tasks included
-    started_ray: bool = field(default=False)
+    started_ray: bool = field(default=False)  # connected by ``start`` (and so disconnected by ``shutdown``)
+    own_ray: bool = field(default=False)  # a Ray of this process's own, not one it joined
     timings: dict[str, float] = field(default_factory=dict)  # seconds per start-up step
     warming: list[Any] = field(default_factory=list)  # the compile workers' warm-ups, still running
+    prewarmed: PrewarmedChildren | None = None
 
     @classmethod
     def start(cls, ray_address: str | None = None, cpu_workers: int = 1, num_cpus: int | None = None) -> WorkerPool:
@@ -104,30 +189,35 @@ class WorkerPool:
         began = time.perf_counter()
         import ray
 
-        from workers.compile_task import warm_up
-        from workers.device_worker import DeviceWorker
-
-        timings = {"import_s": time.perf_counter() - began}
         address = ray_address or os.environ.get("RAY_ADDRESS")
         started = not ray.is_initialized()
+        # a given CPU count asks for a Ray of this process's own
+        own_ray = started and not address and (bool(num_cpus) or not running_local_ray())
+        prewarmed = PrewarmedChildren.start(cpu_workers) if own_ray else None  # first: their imports are the longest
+        timings = {"import_s": time.perf_counter() - began}
         if started:
             if address:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-            elif not num_cpus and running_local_ray():  # a given CPU count asks for a Ray of this process's own
+            elif not own_ray:
                 ray.init(address="auto", log_to_driver=False, logging_level=logging.WARNING)
             else:
                 with _no_prestarted_workers():
                     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
                              log_to_driver=False, logging_level=logging.WARNING)  # the commands say what they run on
         timings["ray_s"] = time.perf_counter() - began - timings["import_s"]
+        from workers.compile_task import warm_up  # torch and the kernels: after Ray's start, not before it
+        from workers.device_worker import DeviceWorker
+
         gpus = int(ray.cluster_resources().get("GPU", 0))
         interpret = gpus == 0
         env = _worker_env(interpret)
         options = {"runtime_env": {"env_vars": env}}
+        adopt = prewarmed.socket_of if prewarmed is not None else lambda _interpret, _index: None
         if interpret:
-            actors = [DeviceWorker.options(num_cpus=1, **options).remote(env) for _ in range(cpu_workers)]
+            actors = [DeviceWorker.options(num_cpus=1, **options).remote(env, adopt(True, i)) for i in range(cpu_workers)]
         else:
-            actors = [DeviceWorker.options(num_gpus=1, num_cpus=0, **options).remote(env) for _ in range(gpus)]
+            actors = [DeviceWorker.options(num_gpus=1, num_cpus=0, **options).remote(env, adopt(False, i))
+                      for i in range(gpus)]
         cpus = int(ray.cluster_resources().get("CPU", 1))
         compile_slots = max(min(cpus - (len(actors) if interpret else 0), MAX_COMPILE_WORKERS), 1)
         warming = [] if interpret else [warm_up.options(**options).remote() for _ in range(compile_slots)]
@@ -138,10 +228,15 @@ class WorkerPool:
                 ray.kill(actor)
             if started:
                 ray.shutdown()
+            if prewarmed is not None:
+                prewarmed.close()
             raise PoolError(f"device workers failed to start: {exc}") from None
+        if prewarmed is not None:
+            prewarmed.drop_unadopted()
         timings["workers_s"] = time.perf_counter() - began - timings["import_s"] - timings["ray_s"]
         pool = cls(actors, infos, compile_ahead=not interpret, compile_slots=compile_slots,
-                   runtime_env=options["runtime_env"], started_ray=started, timings=timings, warming=warming)
+                   runtime_env=options["runtime_env"], started_ray=started, own_ray=own_ray, timings=timings,
+                   warming=warming, prewarmed=prewarmed)
         pool.arch  # noqa: B018 - fail early on a mixed pool
         return pool
 
@@ -166,3 +261,6 @@ class WorkerPool:
             ray.kill(actor)
         if self.started_ray:
             ray.shutdown()
+        if self.prewarmed is not None:
+            self.prewarmed.close()
+        self.prewarmed = None

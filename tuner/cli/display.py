@@ -66,12 +66,12 @@ class Fitted:
         yield self.table
 
 
-def pool_started(workers: int, arch: str, timings: dict[str, float], started_ray: bool) -> str:
+def pool_started(workers: int, arch: str, timings: dict[str, float], own_ray: bool) -> str:
     """One line on what the command runs on and what its start cost, with the way to pay less."""
-    ray_part = f"Ray {'started' if started_ray else 'joined'} {timings['ray_s']:.1f} s"
+    ray_part = f"Ray {'started' if own_ray else 'joined'} {timings['ray_s']:.1f} s"
     line = (f"{workers} {arch} worker(s) up in {sum(timings.values()):.1f} s: {ray_part}, "
             f"workers {timings['workers_s']:.1f} s")
-    if started_ray:
+    if own_ray:
         line += "\n[dim]tip: run `ray start --head` once; later commands join it[/dim]"
     return line
 

@@ -130,7 +130,7 @@ def _pool_with(ray_address: Optional[str], cpu_workers: int, beside: Callable[[]
     with ThreadPoolExecutor(1, thread_name_prefix="beside-pool-start") as executor:
         work = executor.submit(beside)
         pool = WorkerPool.start(ray_address, cpu_workers=cpu_workers)
-        display.console.print(display.pool_started(len(pool.workers), pool.arch, pool.timings, pool.started_ray))
+        display.console.print(display.pool_started(len(pool.workers), pool.arch, pool.timings, pool.own_ray))
         try:
             yield pool, work.result()
         finally:

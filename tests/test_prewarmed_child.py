@@ -1,0 +1,89 @@
+"""Pre-warmed benchmarking children: started before the pool's Ray, adopted by the device workers,
+replaced like any child after a fault, and never left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from workers.child_process import BenchProcess
+from workers.prewarmed_child import spawn
+
+INTERPRET = {"TRITON_INTERPRET": "1"}
+
+
+def test_a_worker_adopts_the_prewarmed_child_and_starts_its_own_after_a_fault(tmp_path):
+    path = str(tmp_path / "cpu-0.sock")
+    child = spawn(path, {**os.environ, **INTERPRET})
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:  # bound at once; a pool's workers
+        time.sleep(0.05)                                              # ask seconds later, after Ray's start
+    bench = BenchProcess(INTERPRET, adopt_from=path)
+    try:
+        info = bench.request({"op": "describe"}, 120)
+        assert info["arch"] == "interp" and bench.adopted
+        assert not os.path.exists(path)  # taken: a restarted worker finds nothing to adopt
+        fault = bench.request({"op": "no-such-op"}, 60)  # the child answers a crash and exits
+        assert fault["status"] == "crash" and "no-such-op" in fault["error"]
+        assert child.wait(timeout=60) in (0, -signal.SIGKILL)  # it exits after a fatal answer, or is ended
+        assert bench.request({"op": "describe"}, 120)["arch"] == "interp"  # a child of the worker's own
+        assert bench.restarts == 1 and isinstance(bench._proc, subprocess.Popen)
+    finally:
+        bench.close()
+        child.kill()
+        child.wait()
+
+
+def test_a_worker_with_no_prewarmed_child_to_reach_starts_its_own(tmp_path):
+    bench = BenchProcess(INTERPRET, adopt_from=str(tmp_path / "nobody.sock"))
+    try:
+        assert bench.request({"op": "describe"}, 120)["arch"] == "interp"
+        assert not bench.adopted and bench.restarts == 0
+    finally:
+        bench.close()
+
+
+POOL = """
+import json, os
+from workers.pool import WorkerPool
+pool = WorkerPool.start(cpu_workers=2, num_cpus=2)  # a Ray of its own: children pre-warmed
+children = list(pool.prewarmed.children.values())
+folder = pool.prewarmed.folder
+adopted = [info["adopted"] for info in pool.infos]
+pool.shutdown()
+print(json.dumps({"adopted": adopted, "own_ray": pool.own_ray, "folder_left": os.path.exists(folder),
+                  "children_running": [c.poll() is None for c in children]}))
+"""
+
+
+def test_a_pool_with_its_own_ray_hands_each_worker_a_prewarmed_child_and_leaves_none(tmp_path):
+    env = {**os.environ, **INTERPRET, "RAY_ADDRESS": ""}
+    out = subprocess.run([sys.executable, "-c", POOL], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"adopted": [True, True], "own_ray": True, "folder_left": False,
+                      "children_running": [False, False]}
+
+
+def test_a_dead_pools_prewarm_folder_is_removed_by_the_next_pool(tmp_path, monkeypatch):
+    import tempfile
+
+    from workers import pool
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"{pool.PREWARM_PREFIX}{int(dead.stdout)}-abc"
+    alive = tmp_path / f"{pool.PREWARM_PREFIX}{os.getpid()}-def"
+    stale.mkdir()
+    alive.mkdir()
+    children = pool.PrewarmedChildren.start(cpu_workers=1)
+    try:
+        assert not stale.exists() and alive.exists()
+        assert os.path.dirname(children.folder) == str(tmp_path)
+    finally:
+        children.close()
+    assert not os.path.exists(children.folder)

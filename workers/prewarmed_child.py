@@ -1,0 +1,62 @@
+"""A benchmarking child started before its worker exists, so its imports overlap Ray's start.
+
+``tuner sweep run`` on one host pays, one after the other, Ray's start and then each device
+worker's child importing torch, Triton and the kernels and opening the GPU (about 6 s each on an
+H100 host). A pool that starts its own Ray therefore starts these children first, one per device
+it will have (``python -m workers.prewarmed_child SOCKET``): each binds ``SOCKET`` at once, imports
+``workers.bench_child`` while Ray comes up, accepts one connection (its device worker's), says
+its pid, and from then on is an ordinary ``bench_child`` whose stdin and answers are that
+connection. It unlinks ``SOCKET`` on accepting (a restarted worker finds nothing to adopt and
+starts its own child), ends when the connection closes or its parent (the pool's process) dies,
+and gives up when nobody connects within ``ACCEPT_TIMEOUT_S``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+
+ACCEPT_TIMEOUT_S = 300.0
+
+
+def stderr_path(socket_path: str) -> str:
+    """Where the child at ``socket_path`` writes its stderr (its adopter reads a fault's tail there)."""
+    return socket_path + ".stderr"
+
+
+def spawn(socket_path: str, env: dict[str, str]) -> subprocess.Popen:
+    """Start a pre-warmed child that will listen at ``socket_path``, with ``env`` as its whole environment."""
+    with open(stderr_path(socket_path), "w") as stderr:
+        return subprocess.Popen([sys.executable, "-m", "workers.prewarmed_child", socket_path], env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+
+
+def serve(path: str) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    from workers import bench_child  # the seconds this process exists to spend early
+
+    listener.settimeout(ACCEPT_TIMEOUT_S)
+    try:
+        conn, _ = listener.accept()
+    except socket.timeout:
+        return
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        listener.close()
+    conn.setblocking(True)
+    conn.sendall((json.dumps({"pid": os.getpid()}) + "\n").encode())
+    os.dup2(conn.fileno(), sys.stdin.fileno())
+    os.dup2(conn.fileno(), sys.stdout.fileno())
+    conn.close()
+    bench_child.main()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
