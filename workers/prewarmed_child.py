@@ -4,7 +4,7 @@
 worker's child importing torch, Triton and the kernels and opening the GPU (about 6 s each on an
 H100 host). A pool that starts its own Ray therefore starts these children first, one per device
 it will have (``python -m workers.prewarmed_child SOCKET``): each binds ``SOCKET`` at once, imports
-``workers.bench_child`` while Ray comes up, accepts one connection (its device worker's), says
+``workers.bench_child`` and opens its GPU while Ray comes up, accepts one connection (its device worker's), says
 its pid, and from then on is an ordinary ``bench_child`` whose stdin and answers are that
 connection. It unlinks ``SOCKET`` on accepting (a restarted worker finds nothing to adopt and
 starts its own child), ends when the connection closes or its parent (the pool's process) dies,
@@ -40,6 +40,10 @@ def serve(path: str) -> None:
     listener.bind(path)
     listener.listen(1)
     from workers import bench_child  # the seconds this process exists to spend early
+
+    if bench_child.torch.cuda.is_available():
+        with contextlib.suppress(RuntimeError):  # a device that fails here fails the worker's describe, by name
+            bench_child.torch.empty(1, device="cuda")  # the device context: the rest of a child's start
 
     listener.settimeout(ACCEPT_TIMEOUT_S)
     try:
