@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from workers.child_process import BenchProcess
 from workers.prewarmed_child import spawn
@@ -87,3 +88,27 @@ def test_a_dead_pools_prewarm_folder_is_removed_by_the_next_pool(tmp_path, monke
     finally:
         children.close()
     assert not os.path.exists(children.folder)
+
+
+def test_a_prewarmed_child_ends_when_the_pool_that_started_it_dies(tmp_path):
+    """A pool killed during its start (before any worker adopts) leaves no child holding a device."""
+    path = str(tmp_path / "cpu-0.sock")
+    pool = subprocess.Popen([sys.executable, "-c", f"""
+import os, sys
+from workers.prewarmed_child import spawn
+child = spawn({path!r}, {{**os.environ, "TRITON_INTERPRET": "1"}})
+print(child.pid, flush=True)
+sys.stdin.read()
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child_pid = int(pool.stdout.readline())
+    pool.kill()
+    pool.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:  # gone, or a zombie nobody has reaped yet (state Z): it runs no more either way
+            if Path(f"/proc/{child_pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except FileNotFoundError:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"pre-warmed child {child_pid} outlived its pool by 30 s")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import time
 import traceback
 from typing import Any
@@ -27,6 +26,7 @@ from kernels import registry
 from kernels.arch import INTERPRETER_ARCH, current_arch, kernel_device
 from workers.device_info import describe_device
 from workers.errors import error_text
+from workers.parent_watch import exit_with_parent
 from workers.timing import host_ms, measure
 
 # Compile-time failures of a config (as opposed to faults of the process).
@@ -126,21 +126,6 @@ def retime(request: dict[str, Any]) -> dict[str, Any]:
 
 
 HANDLERS = {"describe": lambda _request: describe_device(), "trial": run_trial, "retime": retime}
-
-
-PARENT_CHECK_S = 0.5
-
-
-def exit_with_parent() -> None:
-    """End this process, from a daemon thread, once its parent is gone (it is then re-parented)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_CHECK_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def main() -> None:

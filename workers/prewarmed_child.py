@@ -3,7 +3,7 @@
 ``tuner sweep run`` on one host pays, one after the other, Ray's start and then each device
 worker's child importing torch, Triton and the kernels and opening the GPU (about 6 s each on an
 H100 host). A pool that starts its own Ray therefore starts these children first, one per device
-it will have (``python -m workers.prewarmed_child SOCKET``): each binds ``SOCKET`` at once, imports
+it will have (``python -m workers.prewarmed_child SOCKET POOL_PID``): each binds ``SOCKET`` at once, imports
 ``workers.bench_child`` and opens its GPU while Ray comes up, accepts one connection (its device worker's), says
 its pid, and from then on is an ordinary ``bench_child`` whose stdin and answers are that
 connection. It unlinks ``SOCKET`` on accepting (a restarted worker finds nothing to adopt and
@@ -20,6 +20,8 @@ import socket
 import subprocess
 import sys
 
+from workers.parent_watch import exit_with_parent
+
 ACCEPT_TIMEOUT_S = 300.0
 
 
@@ -31,11 +33,12 @@ def stderr_path(socket_path: str) -> str:
 def spawn(socket_path: str, env: dict[str, str]) -> subprocess.Popen:
     """Start a pre-warmed child that will listen at ``socket_path``, with ``env`` as its whole environment."""
     with open(stderr_path(socket_path), "w") as stderr:
-        return subprocess.Popen([sys.executable, "-m", "workers.prewarmed_child", socket_path], env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+        return subprocess.Popen([sys.executable, "-m", "workers.prewarmed_child", socket_path, str(os.getpid())],
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
 
 
-def serve(path: str) -> None:
+def serve(path: str, parent: int) -> None:
+    exit_with_parent(parent)  # a pool killed during its start leaves no child waiting for an adopter
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(1)
@@ -63,4 +66,4 @@ def serve(path: str) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], int(sys.argv[2]))
