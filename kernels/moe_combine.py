@@ -129,8 +129,9 @@ def _check(routed: Tensor, order: Tensor, topk: int, shared: Tensor | None) -> N
     if routed.dim() != 2 or routed.dtype not in _FLOATS:
         raise ValueError(f"routed must be a float [N, D] tensor, got {list(routed.shape)} {routed.dtype}")
     _check_order(order, routed.shape[0], topk)
-    if shared is not None and (shared.shape != (routed.shape[0] // topk, routed.shape[1]) or shared.dtype != routed.dtype):
-        raise ValueError(f"shared must be [{routed.shape[0] // topk}, {routed.shape[1]}] in {routed.dtype}, "
+    tokens = routed.shape[0] // topk
+    if shared is not None and (shared.shape != (tokens, routed.shape[1]) or shared.dtype != routed.dtype):
+        raise ValueError(f"shared must be [{tokens}, {routed.shape[1]}] in {routed.dtype}, "
                          f"got {list(shared.shape)} {shared.dtype}")
     check_same_device(routed=routed, order=order, shared=shared)
 

@@ -214,7 +214,8 @@ class WorkerPool:
         options = {"runtime_env": {"env_vars": env}}
         adopt = prewarmed.socket_of if prewarmed is not None else lambda _interpret, _index: None
         if interpret:
-            actors = [DeviceWorker.options(num_cpus=1, **options).remote(env, adopt(True, i)) for i in range(cpu_workers)]
+            actors = [DeviceWorker.options(num_cpus=1, **options).remote(env, adopt(True, i))
+                      for i in range(cpu_workers)]
         else:
             actors = [DeviceWorker.options(num_gpus=1, num_cpus=0, **options).remote(env, adopt(False, i))
                       for i in range(gpus)]
