@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 from torch.autograd import DeviceType
 
-from tuner.train.kernel_shares import device_activities, kernel_class, time_shares
+from tuner.train.kernel_shares import device_activities, kernel_class, time_shares, with_timed_ms
 
 
 @pytest.mark.parametrize("name, kind", [
@@ -39,3 +39,10 @@ def test_device_activities_keep_only_device_events():
     prof = SimpleNamespace(events=lambda: [event("aten::mm", DeviceType.CPU, 900.0),
                                            event("nvjet_a", DeviceType.CUDA, 120.0)])
     assert device_activities(prof) == [("nvjet_a", 120.0)]
+
+
+def test_the_device_busy_share_is_the_kernels_time_over_the_timed_layer():
+    shares = time_shares([("nvjet_a", 3000.0), ("_sparse_attn_fwd_kernel", 1000.0), ("elementwise", 3500.0)])
+    timed = with_timed_ms(shares, 22.5)  # window/hash on one H100: 7.5 ms of kernels in a 22.5 ms layer
+    assert timed["timed_ms"] == 22.5 and timed["device_busy"] == 0.333
+    assert with_timed_ms(shares, 0.0)["device_busy"] is None

@@ -10,6 +10,9 @@ one class by its name:
 * ``attention``: the sparse attention (``sparse_attn``), the indexer's scoring (``_score_kernel``)
   and any flash / fused attention;
 * ``other``: the rest: the memory-bound kernels, eager elementwise ops, copies, memsets.
+
+Beside them, the share of the layer's timed forward + backward the device was busy at all: a layer
+that waits on its host gains nothing from faster kernels (``with_timed_ms``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,14 @@ def time_shares(activities: Iterable[tuple[str, float]]) -> dict[str, Any]:
     core = ms["gemm"] + ms["attention"]
     return {**{f"{kind}_ms": round(value, 4) for kind, value in ms.items()}, "total_ms": round(total, 4),
             "total_over_gemm_and_attention": round(total / core, 3) if core else None}
+
+
+def with_timed_ms(shares: dict[str, Any], timed_ms: float) -> dict[str, Any]:
+    """``shares`` with the layer's forward + backward as timed without the profiler (CUDA events, from
+    the host's first launch to the device's last kernel) and the share of it the device was busy: well
+    under one, the layer waits on the host, and faster kernels would not make it faster."""
+    busy = shares["total_ms"] / timed_ms if timed_ms > 0 else None
+    return {**shares, "timed_ms": round(timed_ms, 4), "device_busy": None if busy is None else round(busy, 3)}
 
 
 def device_activities(prof: Any) -> list[tuple[str, float]]:

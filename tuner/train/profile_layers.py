@@ -60,7 +60,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from tuner.train.kernel_shares import device_activities, time_shares
+from tuner.train.kernel_shares import device_activities, time_shares, with_timed_ms
 from v4.config import STREAMS, ModelConfig, ModelArgumentError, expert_parallel_config, layer_kind
 from v4.memory import SavedActivations
 from v4.moe import MoE
@@ -274,7 +274,8 @@ def profile_layers(config: ModelConfig, seq: int, mbs: int = 1, ep: int = 1, ker
         on_piece(piece.kind)
         costs.append(_measure(piece, device, warmup, reps))
         if trace_dir is not None and (share := _trace(piece, device, trace_dir)) is not None:
-            shares.append(share)  # written after each piece: a run cut short keeps the kinds it finished
+            shares.append(with_timed_ms(share, costs[-1].forward_ms + costs[-1].backward_ms))
+            # written after each piece: a run cut short keeps the kinds it finished
             (trace_dir / "kernel_shares.json").write_text(json.dumps(shares, indent=1) + "\n")
         del piece
         if device.type == "cuda":
