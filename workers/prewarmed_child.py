@@ -38,6 +38,7 @@ def spawn(socket_path: str, env: dict[str, str]) -> subprocess.Popen:
 
 
 def serve(path: str, parent: int) -> None:
+    """Listen at ``path``, import and open the device, then serve the first worker that connects."""
     exit_with_parent(parent)  # a pool killed during its start leaves no child waiting for an adopter
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
