@@ -194,8 +194,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     joined = {key: statistics.median(c[key] for c in joining) for key in joining[0]} if joining else None
     steps = {key: statistics.median(p["steps"][key] for p in probes) for key in probes[0]["steps"]}
     pool = {key: statistics.median(p["pool"][key] for p in probes) for key in probes[0]["pool"]}
-    return {"command": median, "command_joining_a_running_ray": joined, "steps": steps, "pool_start": pool, "arch": probes[0]["arch"],
-            "workers": probes[0]["workers"], "trials": args.trials, "runs": args.runs,
+    return {"command": median, "command_joining_a_running_ray": joined, "steps": steps, "pool_start": pool,
+            "arch": probes[0]["arch"], "workers": probes[0]["workers"], "trials": args.trials, "runs": args.runs,
             "shape": GPU_SHAPE if gpu else CPU_SHAPE, "target_overhead_s": TARGET_OVERHEAD_S,
             "overhead_within_target": median["overhead_s"] <= TARGET_OVERHEAD_S,
             "joining_overhead_within_target": joined["overhead_s"] <= TARGET_OVERHEAD_S if joined else None,

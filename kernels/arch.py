@@ -24,7 +24,7 @@ def current_arch() -> str:
         return INTERPRETER_ARCH
     import torch
 
-    if not torch.cuda.is_available() or not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         return INTERPRETER_ARCH
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     if torch.version.hip:

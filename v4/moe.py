@@ -6,8 +6,8 @@ distinct experts per token); later layers take the top-k of ``s + bias``, the bi
 choice only. The weights are the chosen scores normalised to one, times ``routed_scale``. Tokens
 are sorted by expert and run through the grouped expert MLP (clamped SwiGLU); the shared
 expert(s) run densely on every token through the same op, as one expert of width
-``shared_experts * expert_ffn``. The dispatch gathers token rows into expert order and the combine sums each
-token's routed rows and shared row in fp32 (``kernels.moe_combine``).
+``shared_experts * expert_ffn``. The dispatch gathers token rows into expert order and the
+combine sums each token's routed rows and shared row in fp32 (``kernels.moe_combine``).
 
 The selection bias is a buffer that stays zero here: V4's auxiliary-loss-free balancing nudges it
 after each step from the expert loads; this proxy leaves that update out (Primus forces uniform

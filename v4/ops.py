@@ -3,8 +3,8 @@
 ``get_ops("eager")`` takes the eager reference of every kernel (each kernel module has one, and
 the kernels' tests hold the two to agreement); ``get_ops("triton")`` takes the Triton kernels
 where the project has them: RMSNorm, Sinkhorn, the mHC glue / collapse / expand, RoPE on the
-512-wide heads, the router tail, the grouped expert MLP with its dispatch and combine, the sparse attention, the compressor's
-pooling and the indexer's top-k. Only RoPE on the indexer's 128-wide heads stays eager in both
+512-wide heads, the router tail, the grouped expert MLP with its dispatch and combine, the sparse
+attention, the compressor's pooling and the indexer's top-k. Only RoPE on the indexer's 128-wide heads stays eager in both
 (``kernels.rope`` rotates 512-wide heads). Until 2026-12-01 the three attention-side kernels had
 landed but were not swapped in here, so "triton" runs and profiles before then attended eagerly.
 """

@@ -24,6 +24,8 @@ import tempfile
 import time
 from typing import Any
 
+from workers.prewarmed_child import stderr_path
+
 
 ADOPT_TIMEOUT_S = 300.0  # the pre-warmed child's imports may still be running
 
@@ -52,8 +54,6 @@ class _AdoptedChild:
 
 def adopt(path: str) -> tuple[_AdoptedChild, Any] | None:
     """The pre-warmed child listening at ``path`` and its stderr file, or None when there is none to reach."""
-    from workers.prewarmed_child import stderr_path
-
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.settimeout(ADOPT_TIMEOUT_S)

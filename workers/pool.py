@@ -8,8 +8,8 @@ nothing is compiled ahead.
 Start-up is what a one-shot ``tuner sweep run`` pays before its first trial, so the pool waits
 only for what a trial needs: the device workers' benchmarking children (which import torch and
 open the GPU) start before Ray when the pool starts its own (``PrewarmedChildren``), the device
-workers start together and adopt them, and the compile workers warm up (import the kernels) beside them
-and beside the first trials, not before them. (Warming them only once the device workers were up
+workers start together and adopt them, and the compile workers warm up (import the kernels)
+beside them and beside the first trials, not before them. (Warming them only once the device workers were up
 left the device workers' start as slow and slowed the first trials: ``docs/findings.md``.) A Ray
 the pool starts itself prestarts no idle workers: the pool's tasks carry a runtime env, so such
 workers would go unused. ``timings`` says where the seconds went.
@@ -27,8 +27,8 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 

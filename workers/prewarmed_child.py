@@ -3,10 +3,10 @@
 ``tuner sweep run`` on one host pays, one after the other, Ray's start and then each device
 worker's child importing torch, Triton and the kernels and opening the GPU (about 6 s each on an
 H100 host). A pool that starts its own Ray therefore starts these children first, one per device
-it will have (``python -m workers.prewarmed_child SOCKET POOL_PID``): each binds ``SOCKET`` at once, imports
-``workers.bench_child`` and opens its GPU while Ray comes up, accepts one connection (its device worker's), says
-its pid, and from then on is an ordinary ``bench_child`` whose stdin and answers are that
-connection. It unlinks ``SOCKET`` on accepting (a restarted worker finds nothing to adopt and
+it will have (``python -m workers.prewarmed_child SOCKET POOL_PID``): each binds ``SOCKET`` at
+once, imports ``workers.bench_child`` and opens its GPU while Ray comes up, accepts one connection
+(its device worker's), says its pid, and from then on is an ordinary ``bench_child`` whose stdin
+and answers are that connection. It unlinks ``SOCKET`` on accepting (a restarted worker finds nothing to adopt and
 starts its own child), ends when the connection closes or its parent (the pool's process) dies,
 and gives up when nobody connects within ``ACCEPT_TIMEOUT_S``.
 """

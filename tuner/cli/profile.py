@@ -11,8 +11,8 @@ Every heavy module (torch, Ray, the V4 model) is imported inside the command tha
 
 from __future__ import annotations
 
-from pathlib import Path
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
