@@ -1,7 +1,7 @@
 """``python -m bench.report``: ``docs/performance.md`` and the README's "where it stands" table from the records.
 
-Both are generated, never edited: one section per record in ``bench/records/`` (by file name), its
-figures as tables, and in the README between the performance markers one row per target a record
+Both are generated, never edited: one section per record in ``bench/records/`` (by file name, the
+name's middle part telling apart records of one benchmark on one device), its figures as tables, and in the README between the performance markers one row per target a record
 states (``figures["targets"]``: ``{"target", "measured", "status"}`` rows), else one row per record.
 The output depends only on the records, so regenerating an unchanged set changes nothing.
 """
@@ -71,7 +71,15 @@ def render_figures(figures: dict[str, Any], level: int = 3) -> str:
 
 
 def _heading(record: dict[str, Any]) -> str:
-    return f"{record['benchmark']} on {record['device']}"
+    variant = record.get("variant")
+    return f"{record['benchmark']}{f' ({variant})' if variant else ''} on {record['device']}"
+
+
+def _variant(path: Path, benchmark: str) -> str | None:
+    """What tells a record apart from others of its benchmark and device: the middle of its file name
+    (``service_load.one-server.<device>.json``: ``one-server``), or None."""
+    name = path.name.removesuffix(".gz").removesuffix(".json").removeprefix(f"{benchmark}.")
+    return name.rsplit(".", 1)[0] if "." in name else None
 
 
 def _anchor(heading: str) -> str:
@@ -117,9 +125,18 @@ def splice_readme(readme: str, table: str) -> str:
     return readme[:start + len(BEGIN)] + "\n" + table + readme[end:]
 
 
+def load_records(records_dir: Path = RECORDS_DIR) -> list[dict[str, Any]]:
+    """Every record in ``records_dir``, by file name, each with its ``variant`` (see ``_variant``)."""
+    records = []
+    for path in record_paths(records_dir):
+        record = read_record(path)
+        records.append({**record, "variant": _variant(path, record["benchmark"])})
+    return records
+
+
 def generate(records_dir: Path, performance: Path, readme: Path | None) -> list[Path]:
     """Rewrite ``performance`` (and the README block) from ``records_dir``; the files whose text changed."""
-    records = [read_record(path) for path in record_paths(records_dir)]
+    records = load_records(records_dir)
     outputs = {performance: render_performance(records)}
     if readme is not None:
         outputs[readme] = splice_readme(readme.read_text(), render_standing(records))

@@ -129,10 +129,17 @@ def test_report_without_readme_markers_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_committed_pages_are_what_the_committed_records_generate() -> None:
-    records = [read_record(path) for path in record_paths()]
+    records = report.load_records()
     assert (ROOT / "docs" / "performance.md").read_text() == report.render_performance(records)
     readme = (ROOT / "README.md").read_text()
     assert readme == report.splice_readme(readme, report.render_standing(records))
+
+
+def test_every_record_has_a_section_and_a_link_of_its_own() -> None:
+    """Records of one benchmark on one device (``service_load.one-server.<device>.json``) are told apart
+    by their file name's middle, so each README link lands on its own section."""
+    headings = [report._heading(record) for record in report.load_records()]
+    assert len(headings) == len(set(headings)), sorted(h for h in headings if headings.count(h) > 1)
 
 
 def test_commit_of_an_exported_tree_is_never_borrowed_from_a_checkout_around_it(tmp_path: Path,
