@@ -18,6 +18,7 @@ from v4.config import PresetError, layer_kind, load_preset, preset_names
 from v4.data import MarkovTokens
 from v4.flops import Flops, layer_flops, model_flops
 from v4.memory import SavedActivations
+from v4.moe import expert_offsets
 from v4.model import build_layer
 from v4.ops import get_ops
 from v4.optim import BYTES_PER_PARAM, MixedPrecisionAdamW, clip_coefficient, _accumulate
@@ -361,6 +362,16 @@ def test_gradient_hook_skips_weights_whose_kernel_wrote_main_grad() -> None:
     weight.grad = torch.ones(3, dtype=torch.bfloat16)
     _accumulate(weight)
     assert weight.grad is None and torch.equal(weight.main_grad, torch.full((3,), 3.0))
+
+
+def test_expert_offsets_match_a_count_of_each_expert_including_empty_ones() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        experts = int(torch.randint(1, 9, (), generator=gen))
+        expert_of = torch.randint(0, experts, (int(torch.randint(0, 40, (), generator=gen)),), generator=gen)
+        counts = torch.tensor([int((expert_of == e).sum()) for e in range(experts)])
+        expected = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]).int()
+        assert torch.equal(expert_offsets(expert_of.sort().values, experts), expected)
 
 
 def test_markov_tokens_are_seeded_and_follow_the_chain() -> None:

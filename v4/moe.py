@@ -40,6 +40,15 @@ def _grad_buffers(w13: Tensor, w2: Tensor) -> tuple[Tensor, Tensor] | None:
     return None
 
 
+def expert_offsets(sorted_experts: Tensor, experts: int) -> Tensor:
+    """``[experts + 1]`` int32 row offsets of each expert in ``sorted_experts`` (ascending ids).
+
+    A search on the device: ``torch.bincount`` on a GPU reads its input's maximum back to the
+    host, which made every MoE layer's forward wait for the GPU."""
+    bounds = torch.arange(experts + 1, device=sorted_experts.device, dtype=sorted_experts.dtype)
+    return torch.searchsorted(sorted_experts, bounds, out_int32=True)
+
+
 class MoE(nn.Module):
     """``forward(x [B,S,D], token_ids [B,S]) -> [B,S,D]``: routed experts plus the shared expert."""
 
@@ -95,8 +104,7 @@ class MoE(nn.Module):
         indices, weights = self._route(x2, token_ids)
         expert_of = indices.reshape(-1).long()
         order = torch.argsort(expert_of, stable=True)
-        counts = torch.bincount(expert_of, minlength=self.w13.shape[0])
-        offsets = F.pad(counts.cumsum(0), (1, 0)).int()
+        offsets = expert_offsets(expert_of[order], self.w13.shape[0])
         sorted_weights = weights.reshape(-1)[order]
         if self.recompute_act:
             y = checkpoint(self._experts, x2, order, offsets, sorted_weights, use_reentrant=False)
