@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from kernels import registry
 from workers import compile_task
 
 
@@ -26,7 +27,7 @@ def _kernel(fault: BaseException | None) -> SimpleNamespace:
     (ValueError("BLOCK must be a power of two"), "compile_error"),
 ])
 def test_compile_reports_the_configs_own_failures_only(monkeypatch, fault, status):
-    monkeypatch.setattr(compile_task.registry, "get", lambda name: _kernel(fault))
+    monkeypatch.setattr(registry, "get", lambda name: _kernel(fault))
     compile_task._inputs.clear()
     result = compile_task.compile_one("probe", {"n": 3}, {"BLOCK": 3})
     assert result["status"] == status

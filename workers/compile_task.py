@@ -17,10 +17,7 @@ import os
 from typing import Any
 
 import ray
-import torch
 
-from kernels import registry
-from kernels.arch import kernel_device
 from workers.errors import error_text
 
 _inputs: dict[tuple[str, str], dict[str, Any]] = {}
@@ -28,6 +25,11 @@ _inputs: dict[tuple[str, str], dict[str, Any]] = {}
 
 def compile_one(kernel_name: str, shape: dict[str, int], config: dict[str, Any]) -> dict[str, Any]:
     """``{"status": "ok"}`` when ``config`` compiled (or was left to the child), else a ``compile_error`` with its text."""
+    import torch  # here, not at the top: the driver that submits these tasks needs neither torch nor the kernels
+
+    from kernels import registry
+    from kernels.arch import kernel_device
+
     kernel = registry.get(kernel_name)
     if kernel.compile is None:
         return {"status": "ok"}
@@ -53,6 +55,9 @@ compile_config = ray.remote(num_cpus=1, max_retries=0)(compile_one)
 @ray.remote(num_cpus=1, max_retries=0)
 def warm_up() -> int:
     """Import the kernels and open the GPU driver in a compile worker before the first sweep."""
+    from kernels import registry
+    from kernels.arch import kernel_device
+
     registry.names()
     kernel_device()
     return os.getpid()

@@ -7,7 +7,7 @@ nothing is compiled ahead.
 
 Start-up is what a one-shot ``tuner sweep run`` pays before its first trial, so the pool waits
 only for what a trial needs: the device workers' benchmarking children (which import torch and
-open the GPU) start before Ray when the pool starts its own (``PrewarmedChildren``), the device
+open the GPU) start before Ray is started or this machine's is joined (``PrewarmedChildren``), the device
 workers start together and adopt them, and the compile workers warm up (import the kernels)
 beside them and beside the first trials, not before them. (Warming them only once the device workers were up
 left the device workers' start as slow and slowed the first trials: ``docs/findings.md``.) A Ray
@@ -25,6 +25,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -187,13 +188,16 @@ class WorkerPool:
     def start(cls, ray_address: str | None = None, cpu_workers: int = 1, num_cpus: int | None = None) -> WorkerPool:
         """Connect to (or start) Ray and start one device worker per GPU, or ``cpu_workers``."""
         began = time.perf_counter()
+        address = ray_address or os.environ.get("RAY_ADDRESS")
+        started = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+        # this machine's workers' children first, even before Ray's import, their own imports being the
+        # longest: for a Ray of our own or this machine's head (a worker placed on another node finds
+        # no child to adopt and starts its own)
+        prewarmed = PrewarmedChildren.start(cpu_workers) if started and not address else None
         import ray
 
-        address = ray_address or os.environ.get("RAY_ADDRESS")
-        started = not ray.is_initialized()
         # a given CPU count asks for a Ray of this process's own
         own_ray = started and not address and (bool(num_cpus) or not running_local_ray())
-        prewarmed = PrewarmedChildren.start(cpu_workers) if own_ray else None  # first: their imports are the longest
         timings = {"import_s": time.perf_counter() - began}
         if started:
             if address:
@@ -205,7 +209,7 @@ class WorkerPool:
                     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
                              log_to_driver=False, logging_level=logging.WARNING)  # the commands say what they run on
         timings["ray_s"] = time.perf_counter() - began - timings["import_s"]
-        from workers.compile_task import warm_up  # torch and the kernels: after Ray's start, not before it
+        from workers.compile_task import warm_up  # light: the tasks import torch and the kernels, not the driver
         from workers.device_worker import DeviceWorker
 
         gpus = int(ray.cluster_resources().get("GPU", 0))

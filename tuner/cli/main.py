@@ -119,16 +119,23 @@ def sweep_queue(specs: list[Path] = typer.Argument(..., metavar="SPEC...")) -> N
 
 @contextlib.contextmanager
 def _pool_with(ray_address: Optional[str], cpu_workers: int, beside: Callable[[], Any]) -> Iterator[tuple[WorkerPool, Any]]:
-    """The worker pool, started here while ``beside()`` runs in a thread (checking a spec against the
-    kernels imports torch and them: seconds that Ray's and the workers' start can hide; Ray starts in
-    the main thread, which its SIGTERM handler needs); the pool and what ``beside`` returned. The pool
-    is shut down on leaving, also when ``beside`` failed."""
+    """The worker pool, started here while ``beside()`` runs in a thread, then the sweep runner's
+    import (checking a spec against the kernels imports torch and them, the runner Optuna: seconds
+    that the wait for Ray and the workers can hide; Ray starts in the main thread, which its SIGTERM
+    handler needs); the pool and what ``beside`` returned. The pool is shut down on leaving, also
+    when ``beside`` failed."""
     from concurrent.futures import ThreadPoolExecutor
 
     from workers.pool import WorkerPool
 
+    def beside_then_runner() -> Any:
+        result = beside()
+        import tuner.sweep.serve  # noqa: F401 - imported here for the caller's run_sweep
+
+        return result
+
     with ThreadPoolExecutor(1, thread_name_prefix="beside-pool-start") as executor:
-        work = executor.submit(beside)
+        work = executor.submit(beside_then_runner)
         pool = WorkerPool.start(ray_address, cpu_workers=cpu_workers)
         display.console.print(display.pool_started(len(pool.workers), pool.arch, pool.timings, pool.own_ray))
         try:
