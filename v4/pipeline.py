@@ -75,6 +75,9 @@ class RunConfig(BaseModel):
     weight_decay: float = Field(0.1, ge=0)
     clip_grad: PositiveFloat | None = 1.0
     seed: int = 0
+    weight_noise: float = Field(0.0, ge=0, le=0.01, description=(
+        "relative Gaussian noise multiplied into every weight after init: at bf16 rounding size it measures how "
+        "far rounding alone moves the loss curve (the training ladder's parity band)"))
     kernels: Kernels = "eager"
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
@@ -183,6 +186,16 @@ def check_microbatches(microbatches: int, pp: int, vpp: int) -> None:
                          f"of pp={pp}, got {microbatches}; change gbs, mbs or the data-parallel size")
 
 
+def _perturb(params: list[torch.Tensor], scale: float, seed: int) -> None:
+    """Multiply each weight by ``1 + scale * N(0, 1)``, elementwise, from a generator of its own seed
+    (drawn on the CPU, so a run is perturbed the same on every device)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for param in params:
+            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
+            param.copy_((param.float() * (1 + scale * noise.to(param.device))).to(param.dtype))
+
+
 class _Run:
     """One rank's stages, schedule, optimizer and data: built once (allocating), then stepped per iteration."""
 
@@ -195,6 +208,8 @@ class _Run:
         self.modules: list[StageModule] = [
             build_stage(config, layout.stages[s], plan, run.kernels, self.device, dtype, run.seed)
             for s in self.stage_ids]
+        if run.weight_noise:
+            _perturb([p for m in self.modules for p in m.parameters()], run.weight_noise, run.seed)
         stages = [PipelineStage(module, s, len(layout.stages), self.device,
                                 *stage_io(config, layout, s, run.mbs, run.seq, dtype), group=grid.pp_group)
                   for module, s in zip(self.modules, self.stage_ids)]
