@@ -26,6 +26,12 @@ def test_met_only_fast_busy_and_to_the_same_winner() -> None:
     assert targets(_service(5.45, 0.69), same)[0]["status"] == "missed"
     other = targets(_service(5.45, 0.91), {"autotune_config": {**WINNER, "num_warps": 4}})[0]
     assert other["status"] == "missed" and other["measured"].endswith("another winner")
+    tie = targets(_service(5.45, 0.91), {"autotune_config": {**WINNER, "maxnreg": None},
+                                         "service_default": 0.0947, "autotune": 0.0948})[0]
+    assert tie["status"] == "met" and tie["measured"].endswith("as fast as autotune's winner (0.0947 vs 0.0948 ms)")
+    slower = targets(_service(5.45, 0.91), {"autotune_config": {**WINNER, "maxnreg": None},
+                                            "service_default": 0.0960, "autotune": 0.0948})[0]
+    assert slower["status"] == "missed" and slower["measured"].endswith("another winner")
     assert targets(_service(5.45, 0.91, gpus=1), same)[1]["status"] == "not measured: one GPU"
 
 
