@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for (name, key, arch), measured in sorted(by_shape.items()):
         kernel = registry.get(name)
         shape = registry.parse_shape_key(key)
-        default = default_in_space(kernel, load_space(name), shape, arch)
+        default = default_in_space(kernel.default_config(shape), load_space(name), shape, arch)
         default_ms = next((ms for config, ms in measured if config == default), None)
         best_ms = min(ms for _, ms in measured)
         rows.append({"kernel": name, "shape": key, "ok_trials": len(measured), "default_ms": default_ms,

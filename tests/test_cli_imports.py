@@ -62,3 +62,31 @@ def test_every_named_user_error_exists():
     for name in (*main.USER_ERRORS, *train.ERRORS):
         module, _, cls = name.partition(":")
         assert issubclass(getattr(importlib.import_module(module), cls), Exception), name
+
+
+def test_the_sweep_run_driver_imports_neither_torch_nor_the_kernels():
+    """`tuner sweep run` checks its spec and reads its kernel's facts in a child process
+    (tuner.sweep.kernel_facts): the driver's own modules, the runner, the pool and Ray's included,
+    import no torch, Triton or kernel module, whose import would hold its interpreter lock."""
+    code = """
+import json, sys
+import tuner.cli.main, tuner.sweep.serve, tuner.sweep.kernel_facts, workers.pool, workers.compile_task
+print(json.dumps(sorted(sys.modules)))
+"""
+    assert sorted(_modules_after(code) & {"torch", "triton", "kernels.registry", "kernels.launch"}) == []
+
+
+def test_the_spec_checked_in_a_child_matches_the_one_checked_here(tmp_path):
+    from tuner.sweep.kernel_facts import KernelFacts, check_in_a_process
+    from tuner.sweep.spec import SpecError, load_spec
+
+    spec = tmp_path / "rms.yaml"
+    spec.write_text("kernel: rmsnorm_fwd\nshapes: [{hidden: 128, tokens: 64}]\n"
+                    "strategy: {name: grid}\nbudget: {max_trials: 4}\n")
+    parsed, facts = check_in_a_process(spec)
+    here = load_spec(spec)
+    assert parsed.model_dump() == here.model_dump() and facts == KernelFacts.of(here)
+    assert facts.shapes[0].key == "tokens=64,hidden=128"  # the kernel's field order, as a queued spec stores it
+    spec.write_text("kernel: rmsnorm_fwd\nshapes: [{tokens: 64}]\n")
+    with pytest.raises(SpecError, match=r"rms\.yaml: .*shapes\[0\]: .*missing \['hidden'\]"):  # the kernel's check
+        check_in_a_process(spec)

@@ -21,7 +21,7 @@ def _args(db, kernels=None):
 
 def test_the_winner_is_set_against_the_default_the_sweep_measured(tmp_path):
     kernel = registry.get("moe_combine_fwd")
-    default = default_in_space(kernel, load_space(kernel.name), SHAPE, "sm_90")
+    default = default_in_space(kernel.default_config(SHAPE), load_space(kernel.name), SHAPE, "sm_90")
     other = {**default, "num_warps": 8 if default["num_warps"] != 8 else 4}
     db = tmp_path / "sweeps.db"
     with session_scope(open_database(f"sqlite:///{db}")) as session:

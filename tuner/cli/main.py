@@ -28,6 +28,7 @@ from tuner.cli.train import register as register_training
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
+    from tuner.sweep.kernel_facts import KernelFacts
     from workers.pool import WorkerPool
 
 app = typer.Typer(help=__doc__.split("\n\n")[0], no_args_is_help=True, pretty_exceptions_enable=False,
@@ -90,7 +91,8 @@ def main(db: Annotated[Optional[str], typer.Option("--db", envvar="TUNER_DB_URL"
     state.db = db
 
 
-def _run_with_pool(pool: WorkerPool, sweep_ids: list[int], owner: str) -> None:
+def _run_with_pool(pool: WorkerPool, sweep_ids: list[int], owner: str, facts: Optional[KernelFacts] = None) -> None:
+    """Run each sweep here; ``facts``: the kernel's of a single sweep, read beside the pool's start."""
     from tuner.sweep import queue
     from tuner.sweep.serve import run_sweep
 
@@ -101,7 +103,7 @@ def _run_with_pool(pool: WorkerPool, sweep_ids: list[int], owner: str) -> None:
                 continue
             sweep = queue.get_sweep(state.engine, sweep_id)
             callback = display.progress_callback(progress, sweep_id, sweep.kernel)
-            status = run_sweep(state.engine, state.db_url, sweep_id, owner, pool, callback)
+            status = run_sweep(state.engine, state.db_url, sweep_id, owner, pool, callback, facts=facts)
             progress.console.print(f"sweep {sweep_id}: {status.value}")
 
 
@@ -148,16 +150,18 @@ def _pool_with(ray_address: Optional[str], cpu_workers: int, beside: Callable[[]
 @user_errors
 def sweep_run(spec: Path, ray_address: RayAddress = None, cpu_workers: CpuWorkers = 1) -> None:
     """Queue SPEC and run it right here, with a progress bar."""
-    from tuner.sweep.spec import read_spec, spec_of
+    from tuner.sweep.kernel_facts import check_in_a_process
+    from tuner.sweep.spec import read_spec
 
-    data = read_spec(spec)  # a spec that fails without the kernels fails before anything starts
-    with _pool_with(ray_address, cpu_workers, lambda: spec_of(data, spec)) as (pool, parsed):
+    read_spec(spec)  # a spec that fails without the kernels fails before anything starts
+    # checked against its kernel in a process of its own: this one never imports torch (kernel_facts)
+    with _pool_with(ray_address, cpu_workers, lambda: check_in_a_process(spec)) as (pool, (parsed, facts)):
         from tuner.sweep import queue
         from tuner.sweep.serve import owner_name
 
         sweep_id = queue.enqueue(state.engine, parsed)
         display.console.print(f"sweep {sweep_id} queued")
-        _run_with_pool(pool, [sweep_id], owner_name())
+        _run_with_pool(pool, [sweep_id], owner_name(), facts)
 
 
 @sweep_app.command("list")

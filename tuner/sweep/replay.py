@@ -170,7 +170,7 @@ def load_grid(engine: Engine, sweep_id: int) -> list[GridMeasurements]:
             raise ReplayError(f"sweep {sweep_id} stored {len(outcomes)} of the {space.size(sweep.arch)} configs of "
                               f"{key}; the space changed since, or the sweep did not finish it")
         grid = GridMeasurements(spec.kernel, shape, key, dimensions, outcomes,
-                                default_in_space(kernel, space, shape, sweep.arch))
+                                default_in_space(kernel.default_config(shape), space, shape, sweep.arch))
         if not grid.ok_times:
             raise ReplayError(f"sweep {sweep_id} has no ok trial at {key}: nothing to compare with")
         grids.append(grid)

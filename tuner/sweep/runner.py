@@ -38,11 +38,11 @@ from sqlalchemy.orm import Session
 
 from db import Sweep, SweepStatus, Trial, TrialStatus, retrying, session_scope
 from db.models import utcnow
-from kernels import registry
 from tuner.sweep import queue
 from tuner.sweep.identity import config_identity
 from tuner.sweep.ranking import pick, screening_time, trial_time
-from tuner.sweep.spec import SweepSpec
+from tuner.sweep.kernel_facts import KernelFacts, ShapeFacts
+from tuner.sweep.spec import stored_spec
 from tuner.sweep.strategies import ConfigSource, GridSource, OptunaSource, Proposal, default_in_space, make_sampler
 from workers.compile_task import compile_config
 from workers.pool import WorkerPool
@@ -98,6 +98,7 @@ class ShapeState:
     key: str
     source: ConfigSource
     budget: int  # trials to evaluate: the sweep's budget, or every valid config where there are fewer
+    bytes_moved: int  # by one launch of the kernel at this shape
     evaluated: int = 0
     pruned: int = 0
     best_ms: float | None = None
@@ -112,7 +113,8 @@ class SweepRunner:
 
     def __init__(self, engine: Engine, storage: optuna.storages.BaseStorage, sweep_id: int,
                  owner: str, pool: WorkerPool, on_progress: ProgressFn | None = None,
-                 lease_s: float = queue.DEFAULT_LEASE_S) -> None:
+                 lease_s: float = queue.DEFAULT_LEASE_S, facts: KernelFacts | None = None) -> None:
+        """``facts``: the kernel's, when the caller read them already (else read here, importing the kernels)."""
         self.engine, self.storage, self.sweep_id, self.owner, self.pool = engine, storage, sweep_id, owner, pool
         self.lease_s = lease_s
         self.lease: queue.Lease | None = None
@@ -122,8 +124,8 @@ class SweepRunner:
         self.resting: dict[int, float] = {}
         self.on_progress = on_progress or (lambda *_: None)
         sweep = queue.get_sweep(engine, sweep_id)
-        self.spec = SweepSpec.model_validate(sweep.spec)
-        self.kernel = registry.get(self.spec.kernel)
+        self.spec = stored_spec(sweep.spec, sweep_id)  # checked against its kernel when it was queued
+        self.kernel = facts or KernelFacts.of(self.spec)
         self.arch = pool.arch
         if self.spec.arch not in ("auto", self.arch):
             raise ValueError(f"sweep {sweep_id} asks for arch {self.spec.arch} but the workers run {self.arch}")
@@ -132,7 +134,7 @@ class SweepRunner:
         self.budget = self.spec.trial_budget(self.arch)
         # the kernel's code is part of what a stored timing measured (see tuner.sweep.identity)
         self.toolchain = {**pool.toolchain, "kernel_source": self.kernel.source_version}
-        self.atol, self.rtol = self.spec.tolerances()
+        self.atol, self.rtol = self.kernel.tolerances(self.spec)
         self.timing = self.spec.timing
         self.deadline = (time.monotonic() + self.spec.budget.max_minutes * 60) if self.spec.budget.max_minutes else None
 
@@ -143,7 +145,7 @@ class SweepRunner:
             session.execute(update(Sweep).where(Sweep.id == self.sweep_id).values(arch=self.arch))
         try:
             with queue.Lease(self.engine, self.sweep_id, self.owner, self.lease_s) as self.lease:
-                for shape in self.spec.resolved_shapes():
+                for shape in self.kernel.shapes:
                     state = self._open_shape(shape)
                     self._search(state)
                     self._retime(state)
@@ -170,9 +172,9 @@ class SweepRunner:
     def _identity(self, key: str, config: dict[str, Any]) -> str:
         return config_identity(self.kernel.name, key, self.arch, config, self.toolchain, self.timing.method)
 
-    def _open_shape(self, shape: dict[str, int]) -> ShapeState:
+    def _open_shape(self, facts: ShapeFacts) -> ShapeState:
         """Load what this sweep already recorded for the shape and set up its strategy."""
-        key = self.kernel.shape_key(shape)
+        shape, key = facts.shape, facts.key
         name = self.spec.strategy.name
         verdicts = [(config, self.space.violation(config, shape, self.arch)) for config in self.space.grid(self.arch)]
         valid_configs = [config for config, reason in verdicts if reason is None]
@@ -205,13 +207,13 @@ class SweepRunner:
             self._write_pruned(key, newly_pruned)
             pruned += len(newly_pruned)
             source: ConfigSource = GridSource(study, self.dimensions, remaining, self.spec.strategy.seed,
-                                              first=default_in_space(self.kernel, self.space, shape, self.arch))
+                                              first=default_in_space(facts.default, self.space, shape, self.arch))
         else:
             source = OptunaSource(study, self.dimensions, max_asks=20 * self.budget + self.space.size(self.arch))
-            default = default_in_space(self.kernel, self.space, shape, self.arch)
+            default = default_in_space(facts.default, self.space, shape, self.arch)
             if default is not None and not study.get_trials(deepcopy=False):
                 study.enqueue_trial(default)
-        return ShapeState(shape, key, source, budget, evaluated=evaluated, pruned=pruned,
+        return ShapeState(shape, key, source, budget, facts.bytes_moved, evaluated=evaluated, pruned=pruned,
                           best_ms=min(ok) if ok else None)
 
     # -- search loop -------------------------------------------------------------------
@@ -220,19 +222,19 @@ class SweepRunner:
             return False
         return state.evaluated + inflight < state.budget
 
-    def _compiles_ahead(self, shape: dict[str, int]) -> bool:
+    def _compiles_ahead(self, state: ShapeState) -> bool:
         """Whether CPU workers compile ahead: a GPU pool, and every worker's inputs fit beside the sweep."""
-        if not self.pool.compile_ahead or self.kernel.compile is None:
+        if not self.pool.compile_ahead or not self.kernel.compiles:
             return False
         memory = min(i.get("memory_bytes") or 0 for i in self.pool.infos)
-        return self.kernel.bytes_moved(shape) * self.pool.compile_slots <= COMPILE_MEMORY_SHARE * memory
+        return state.bytes_moved * self.pool.compile_slots <= COMPILE_MEMORY_SHARE * memory
 
     def _search(self, state: ShapeState) -> None:
         ready: deque[Pending] = deque()
         compiling: dict[Any, Pending] = {}
         benching: dict[Any, tuple[Pending, int]] = {}
         idle = self._live_workers()
-        compile_ahead = self._compiles_ahead(state.shape)
+        compile_ahead = self._compiles_ahead(state)
         lookahead = 2 * len(self.pool.workers) + (self.pool.compile_slots if compile_ahead else 0)
         timeout_s = self.timing.trial_timeout_s
         exhausted = False

@@ -26,6 +26,7 @@ from sqlalchemy import Engine, text
 from db import SweepStatus, make_engine, retrying, schema_lock, session_scope
 from db.engine import is_disconnect
 from tuner.sweep import queue
+from tuner.sweep.kernel_facts import KernelFacts
 from tuner.sweep.runner import ProgressFn, SweepRunner
 from workers.cluster_watch import ClusterWatch
 from workers.pool import WorkerPool
@@ -58,11 +59,13 @@ def optuna_storage(url: str) -> optuna.storages.RDBStorage:
 
 
 def run_sweep(engine: Engine, url: str, sweep_id: int, owner: str, pool: WorkerPool,
-              on_progress: ProgressFn | None = None, lease_s: float = queue.DEFAULT_LEASE_S) -> SweepStatus:
+              on_progress: ProgressFn | None = None, lease_s: float = queue.DEFAULT_LEASE_S,
+              facts: KernelFacts | None = None) -> SweepStatus:
     """Run a sweep ``owner`` has claimed; a failure marks it ``failed`` with the error. The database going
-    out of reach is no failure of the sweep: that error is raised and the sweep left ``running``."""
+    out of reach is no failure of the sweep: that error is raised and the sweep left ``running``.
+    ``facts``: its kernel's, when the caller read them already (``SweepRunner``)."""
     try:
-        return SweepRunner(engine, optuna_storage(url), sweep_id, owner, pool, on_progress, lease_s).run()
+        return SweepRunner(engine, optuna_storage(url), sweep_id, owner, pool, on_progress, lease_s, facts).run()
     except Exception as exc:
         if not is_disconnect(exc):
             queue.finish(engine, sweep_id, owner, SweepStatus.failed, error=f"{type(exc).__name__}: {exc}")

@@ -163,12 +163,6 @@ class SweepSpec(_Strict):
         """An uncapped grid is done when every point was evaluated or pruned."""
         return self.strategy.name == "grid" and not self.budget.max_trials
 
-    def tolerances(self) -> tuple[float, float]:
-        from kernels import registry
-
-        kernel = registry.get(self.kernel)
-        return (self.tolerance.atol, self.tolerance.rtol) if self.tolerance else (kernel.atol, kernel.rtol)
-
 
 def format_validation_error(exc: ValidationError) -> str:
     """One ``field.path: reason`` line per problem."""

@@ -26,7 +26,6 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 if TYPE_CHECKING:
-    from kernels.registry import TunableKernel
     from search_spaces import SearchSpace
 
 Config = dict[str, Any]
@@ -188,14 +187,13 @@ def make_sampler(name: str, seed: int, valid: Sequence[Config],
     raise ValueError(f"unknown sampling strategy {name!r}; use random or tpe")
 
 
-def default_in_space(kernel: TunableKernel, space: SearchSpace, shape: dict[str, int], arch: str) -> Config | None:
-    """The kernel's heuristic default for ``shape`` when the space can express it and allows it.
+def default_in_space(default: Config, space: SearchSpace, shape: dict[str, int], arch: str) -> Config | None:
+    """The kernel's heuristic ``default`` config for ``shape`` when the space can express it and allows it.
 
     Sweeps measure it first, so that a tuned entry is never one the sweep only believes to
     beat the default: with a capped budget the search may not come near it on its own.
     """
     dimensions = space.dimensions(arch)
-    default = kernel.default_config(shape)
     config = {name: default.get(name) for name in dimensions}
     if any(config[name] not in choices for name, choices in dimensions.items()):
         return None
