@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rungs", default=",".join(RUNGS), help="comma-separated subset of " + ", ".join(RUNGS))
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a rung may take")
     parser.add_argument("--parity-seq", type=int, default=1024,
-                        help="sequence length of the loss-parity runs (eager twice, each Triton rung); 0: none")
+                        help="sequence length of the loss-parity runs (eager, eager with its weights perturbed by "
+                             "one bf16 step, each Triton rung); 0: none")
     parser.add_argument("--parity-gbs", type=int, default=2, help="global batch of the loss-parity runs")
 
 
@@ -107,6 +108,7 @@ def summarize(answer: dict[str, Any], warmup_iters: int) -> dict[str, Any]:
     peaks = [m["peak_allocated_bytes"] for m in result["stage_memory"] if m["peak_allocated_bytes"] is not None]
     figures.update(
         step_ms_median=statistics.median(measured) * 1e3,
+        step_ms_mean=statistics.mean(measured) * 1e3,  # what tokens/s and TFLOP/s are computed from
         tokens_per_s_per_gpu=result["tokens_per_s_per_gpu"],
         model_tflops_per_gpu=result["model_tflops_per_gpu"],
         peak_allocated_gib=max(peaks) / 2**30 if peaks else None,
@@ -194,7 +196,7 @@ def targets(figures: dict[str, Any]) -> list[dict[str, str]]:
         rows.append({"target": f"proxy-8l tuned step >= {goal:.0f} model TFLOP/s/GPU on an H100 "
                                f"(2x the {H100_BASELINE_TFLOPS} measured before)",
                      "measured": f"{tuned['model_tflops_per_gpu']:.1f} TFLOP/s/GPU, "
-                                 f"{tuned['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, {tuned['step_ms_median']:,.0f} ms",
+                                 f"{tuned['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, {tuned['step_ms_mean']:,.0f} ms a step",
                      "status": "met" if tuned["model_tflops_per_gpu"] >= goal else "missed"})
     if "speedup_over_defaults" in tuned:
         rows.append({"target": f"tuned rung >= {TUNED_OVER_DEFAULTS}x the defaults rung",

@@ -41,6 +41,7 @@ def test_rungs_differ_only_in_kernels_tables_and_recompute():
 def test_summary_leaves_warmup_out_and_parity_flags_a_drifting_rung():
     eager = train_ladder.summarize(_answer([9.0, 1.0, 3.0, 2.0], [5.0, 4.0, 3.0, 2.0], 100.0), 1)
     assert eager["step_ms_median"] == pytest.approx(2000.0) and eager["peak_allocated_gib"] == pytest.approx(3.0)
+    assert eager["step_ms_mean"] == pytest.approx(2000.0)  # (1 + 3 + 2) / 3 s: the warm-up's 9 s left out
     rungs = {"eager": eager,
              "triton-defaults": train_ladder.summarize(_answer([1.0] * 4, [5.0, 4.0, 3.0, 2.001], 150.0), 1),
              "triton-tuned": train_ladder.summarize(_answer([1.0] * 4, [5.0, 4.0, 3.2, 2.0], 300.0), 1)}
