@@ -19,7 +19,7 @@ from v4.data import MarkovTokens
 from v4.flops import Flops, layer_flops, model_flops
 from v4.memory import SavedActivations
 from v4.moe import expert_offsets
-from v4.model import build_layer
+from v4.model import build_head, build_layer
 from v4.ops import get_ops
 from v4.optim import BYTES_PER_PARAM, MixedPrecisionAdamW, clip_coefficient, _accumulate
 from v4.recompute import RecomputeError, RecomputePlan
@@ -437,6 +437,25 @@ def test_triton_layer_matches_eager(layer_id: int) -> None:
     assert grads_t.keys() == grads_e.keys()
     for name in grads_e:  # bf16 rounding (truncation under the interpreter) differs, directions agree
         assert _cosine(grads_t[name], grads_e[name]) > 0.99, name
+
+
+def test_triton_head_matches_eager() -> None:
+    """The head's losses (LM and MTP) through the cross-entropy kernel against the eager head's."""
+    seq, device = 16, kernel_device()
+    gen = torch.Generator().manual_seed(5)
+    h = torch.randn(1, seq, 4, TINY.hidden, generator=gen).to(device, torch.bfloat16)
+    mtp_x = torch.randn(1, seq, TINY.hidden, generator=gen).to(device, torch.bfloat16)
+    labels, mtp_labels = (torch.randint(0, TINY.vocab, (1, seq), generator=gen).to(device) for _ in range(2))
+    results = {}
+    for kernels in ("eager", "triton"):
+        head = build_head(TINY, kernels, device=device)
+        h_in, x_in = h.clone().requires_grad_(), mtp_x.clone().requires_grad_()
+        lm, mtp = head(h_in, labels, x_in, mtp_labels)
+        (lm + 0.3 * mtp).sum().backward()
+        results[kernels] = torch.cat([lm, mtp]).detach(), h_in.grad, x_in.grad, head.weight.grad
+    for got, expected in zip(results["triton"], results["eager"]):
+        assert _cosine(got, expected) > 0.999
+    torch.testing.assert_close(results["triton"][0], results["eager"][0], atol=1e-4, rtol=1e-4)
 
 
 def test_triton_ops_are_the_kernels_wherever_a_kernel_exists() -> None:

@@ -117,14 +117,14 @@ class Head(nn.Module):
         super().__init__()
         self.collapse = HeadCollapse(config, ops, device, dtype)
         self.weight = nn.Parameter(torch.empty(config.vocab, config.hidden, device=device, dtype=dtype))
-        self.std = config.init_std
+        self.ops, self.std = ops, config.init_std
 
     def init_from(self, gen: torch.Generator) -> None:
         fill_normal(self.weight, self.std, gen)
 
     def _loss(self, x: Tensor, labels: Tensor) -> Tensor:
-        logits = F.linear(x, self.weight).float()
-        return F.cross_entropy(logits.flatten(0, 1), labels.flatten()).reshape(1)
+        logits = F.linear(x, self.weight)  # in x's dtype; the loss widens to fp32 (kernels.cross_entropy)
+        return self.ops.cross_entropy(logits.flatten(0, 1), labels.flatten()).reshape(1)
 
     def forward(self, h: Tensor, labels: Tensor, mtp_x: Tensor | None = None,
                 mtp_labels: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -22,6 +22,7 @@ from kernels.indexer import indexer_topk
 from kernels.mhc import (
     mhc_collapse, mhc_collapse_reference, mhc_expand, mhc_expand_reference, mhc_glue, mhc_glue_reference,
 )
+from kernels.cross_entropy import cross_entropy, cross_entropy_reference
 from kernels.moe_combine import moe_combine, moe_combine_reference, moe_dispatch, moe_dispatch_reference
 from kernels.rmsnorm import rms_norm, rms_norm_reference
 from kernels.rope import HEAD_DIM, ROPE_DIM, rope
@@ -48,6 +49,7 @@ class Ops:
     expert_mlp: Callable[..., Tensor]  # expert_mlp(x_sorted, offsets, weights, w13, w2, grad_buffers)
     moe_dispatch: Callable[..., Tensor]  # moe_dispatch(x, order, topk): token rows in expert order
     moe_combine: Callable[..., Tensor]  # moe_combine(routed, order, topk, shared)
+    cross_entropy: Callable[..., Tensor]  # cross_entropy(logits [N, V], labels [N]): the mean loss, fp32
     sparse_attention: Callable[..., Tensor]
     compress_pool: Callable[..., Tensor]
     indexer_topk: Callable[..., tuple[Tensor, Tensor]]
@@ -80,11 +82,12 @@ _TABLES = {
                  mhc_collapse=mhc_collapse_reference, mhc_expand=mhc_expand_reference, rope=attention_ops.rope_tail,
                  route=route_reference, expert_mlp=_eager_expert_mlp,
                  moe_dispatch=moe_dispatch_reference, moe_combine=moe_combine_reference,
+                 cross_entropy=cross_entropy_reference,
                  sparse_attention=attention_ops.sparse_attention, compress_pool=attention_ops.compress_pool,
                  indexer_topk=attention_ops.indexer_topk, indexer_rope=attention_ops.rope_tail),
     "triton": Ops(rms_norm=rms_norm, sinkhorn=sinkhorn, mhc_glue=mhc_glue, mhc_collapse=mhc_collapse,
                   mhc_expand=mhc_expand, rope=_triton_rope, route=route, expert_mlp=expert_mlp,
-                  moe_dispatch=moe_dispatch, moe_combine=moe_combine,
+                  moe_dispatch=moe_dispatch, moe_combine=moe_combine, cross_entropy=cross_entropy,
                   sparse_attention=sparse_attention, compress_pool=_triton_compress_pool, indexer_topk=indexer_topk,
                   indexer_rope=attention_ops.rope_tail),
 }
