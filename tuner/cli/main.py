@@ -122,10 +122,10 @@ def sweep_queue(specs: list[Path] = typer.Argument(..., metavar="SPEC...")) -> N
 @contextlib.contextmanager
 def _pool_with(ray_address: Optional[str], cpu_workers: int, beside: Callable[[], Any]) -> Iterator[tuple[WorkerPool, Any]]:
     """The worker pool, started here while ``beside()`` runs in a thread, then the sweep runner's
-    import (checking a spec against the kernels imports torch and them, the runner Optuna: seconds
-    that the wait for Ray and the workers can hide; Ray starts in the main thread, which its SIGTERM
-    handler needs); the pool and what ``beside`` returned. The pool is shut down on leaving, also
-    when ``beside`` failed."""
+    import (quickstart's import of the kernels, sweep run's wait on its spec-checking child, Optuna:
+    seconds that the wait for Ray and the workers can hide; Ray starts in the main thread, which its
+    SIGTERM handler needs); the pool and what ``beside`` returned. The pool is shut down on leaving,
+    also when ``beside`` failed."""
     from concurrent.futures import ThreadPoolExecutor
 
     from workers.pool import WorkerPool
