@@ -1,11 +1,13 @@
 """A profiled layer's device time split into GEMMs, attention and the rest, by kernel name."""
 
+import os
+import sys
 from types import SimpleNamespace
 
 import pytest
 from torch.autograd import DeviceType
 
-from tuner.train.kernel_shares import device_activities, kernel_class, time_shares, with_timed_ms
+from tuner.train.kernel_shares import device_activities, host_syncs, kernel_class, time_shares, with_timed_ms
 
 
 @pytest.mark.parametrize("name, kind", [
@@ -46,3 +48,28 @@ def test_the_device_busy_share_is_the_kernels_time_over_the_timed_layer():
     timed = with_timed_ms(shares, 22.5)  # window/hash on one H100: 7.5 ms of kernels in a 22.5 ms layer
     assert timed["timed_ms"] == 22.5 and timed["device_busy"] == 0.333
     assert with_timed_ms(shares, 0.0)["device_busy"] is None
+
+
+def test_host_syncs_are_counted_by_the_line_that_made_them(monkeypatch):
+    """On CUDA the sync debug mode turns each sync into a warning; the count keeps the caller's line,
+    ignores other warnings and leaves the mode as it found it. Off CUDA nothing is set or counted."""
+    import warnings
+
+    import torch
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+
+    def sync() -> None:
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=2)
+
+    with host_syncs(True) as sites:
+        line = sys._getframe().f_lineno + 2
+        for _ in range(2):
+            sync()
+        warnings.warn("something else", UserWarning)
+    assert modes == ["warn", "default"]
+    assert sites == {f"{os.path.relpath(__file__)}:{line}": 2}
+    with host_syncs(False) as none:
+        sync()
+    assert modes == ["warn", "default"] and none == {}

@@ -84,7 +84,8 @@ def _tables() -> dict[str, object]:
         "profile layers": train_display.profile_table([cost] * 3, "v4-flash on NVIDIA H200: seq 4096, mbs 1, ep 8"),
         "profile kernel shares": train_display.shares_table(
             [{"kind": "csa/learned", "gemm_ms": 12.345, "attention_ms": 6.789, "other_ms": 4.321, "total_ms": 23.455,
-              "total_over_gemm_and_attention": 1.226, "timed_ms": 123.456, "device_busy": 0.19},
+              "total_over_gemm_and_attention": 1.226, "timed_ms": 123.456, "device_busy": 0.19,
+              "host_syncs": 12, "host_sync_sites": {"v4/moe.py:98": 12}},
              {"kind": "head", "gemm_ms": 0.0, "attention_ms": 0.0, "other_ms": 1.0, "total_ms": 1.0,
               "total_over_gemm_and_attention": None, "timed_ms": 0.0, "device_busy": None}]),
         "profile alltoall": train_display.alltoall_table(

@@ -106,15 +106,16 @@ def profile_table(costs: list[LayerCost], title: str) -> Fitted:
 
 def shares_table(shares: list[dict]) -> Fitted:
     """Per layer kind: one profiled forward + backward's device time in GEMMs, attention and the rest,
-    the total over GEMMs plus attention, and the share of the timed forward + backward the device was
-    busy (``tuner.train.kernel_shares``)."""
+    the total over GEMMs plus attention, the share of the timed forward + backward the device was
+    busy, and the host syncs of the profiled round (``tuner.train.kernel_shares``)."""
     table = Table("layer kind", "ms: GEMM, attention, other", "total / (GEMM + attention)", "device busy",
-                  title="device time by kernel class (one profiled forward + backward)")
+                  "host syncs", title="device time by kernel class (one profiled forward + backward)")
     for share in shares:
         ratio, busy = share["total_over_gemm_and_attention"], share.get("device_busy")
         table.add_row(share["kind"], f"{share['gemm_ms']:.3f}, {share['attention_ms']:.3f}, {share['other_ms']:.3f}",
                       "-" if ratio is None else f"{ratio:.2f}x",
-                      "-" if busy is None else f"{busy:.0%} of {share['timed_ms']:.3f} ms")
+                      "-" if busy is None else f"{busy:.0%} of {share['timed_ms']:.3f} ms",
+                      str(share.get("host_syncs", "-")))
     return fitted(table)
 
 

@@ -12,13 +12,21 @@ one class by its name:
 * ``other``: the rest: the memory-bound kernels, eager elementwise ops, copies, memsets.
 
 Beside them, the share of the layer's timed forward + backward the device was busy at all: a layer
-that waits on its host gains nothing from faster kernels (``with_timed_ms``).
+that waits on its host gains nothing from faster kernels (``with_timed_ms``), and the host syncs of
+the profiled round with where each was made (``host_syncs``): a sync stops the host from queueing
+ahead, so the GPU idles while the host launches what follows it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import os
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from typing import Any
+
+SYNC_WARNING = "synchronizing CUDA operation"  # what torch.cuda.set_sync_debug_mode("warn") says
 
 GEMM_MARKS = ("gemm", "nvjet", "xmma", "cutlass", "_grouped_wgrad_kernel")
 ATTENTION_MARKS = ("sparse_attn", "_score_kernel", "flash", "fmha")
@@ -61,3 +69,25 @@ def device_activities(prof: Any) -> list[tuple[str, float]]:
 
     return [(event.name, event.time_range.elapsed_us()) for event in prof.events()
             if event.device_type == DeviceType.CUDA]
+
+
+@contextlib.contextmanager
+def host_syncs(on_cuda: bool) -> Iterator[Counter]:
+    """Inside ``with``, count the host syncs (``torch.cuda.set_sync_debug_mode``: each one warns) by the
+    ``file:line`` of the Python call that made it; nothing is counted off CUDA, where nothing syncs."""
+    import torch
+
+    sites: Counter = Counter()
+    if not on_cuda:
+        yield sites
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield sites
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for warning in caught:
+        if SYNC_WARNING in str(warning.message):
+            sites[f"{os.path.relpath(warning.filename)}:{warning.lineno}"] += 1

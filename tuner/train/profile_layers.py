@@ -31,8 +31,8 @@ a GPU; the wall clock (``time.perf_counter``) on the CPU. With ``trace_dir``, on
 forward + backward per piece runs under ``torch.profiler``: ``<kind>.json`` (a Chrome trace) and
 ``<kind>.txt`` (the ops by device time, the CPU's where there is no GPU) show where a layer's time
 goes when it is slower than its kernels; on a GPU, ``kernel_shares.json`` gives each kind's device
-time in GEMMs, attention and the rest, and the total over the first two
-(``tuner.train.kernel_shares``).
+time in GEMMs, attention and the rest, the total over the first two, and the host syncs of that round
+with where each was made (``tuner.train.kernel_shares``).
 
 Expert parallelism: with ``ep = N`` the decoder and MTP layers are built from the config with
 ``experts / N`` experts (the experts one EP rank holds) and the same ``experts_per_token = k``.
@@ -60,7 +60,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from tuner.train.kernel_shares import device_activities, time_shares, with_timed_ms
+from tuner.train.kernel_shares import device_activities, host_syncs, time_shares, with_timed_ms
 from v4.config import STREAMS, ModelConfig, ModelArgumentError, expert_parallel_config, layer_kind
 from v4.memory import SavedActivations
 from v4.moe import MoE
@@ -185,8 +185,9 @@ def _trace(piece: _Piece, device: torch.device, trace_dir: Path) -> dict | None:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     inputs = piece.inputs()
     with torch.profiler.profile(activities=activities) as prof:
-        roots, grads = piece.roots(piece.module(*inputs))
-        torch.autograd.backward(roots, grads)
+        with host_syncs(device.type == "cuda") as syncs:
+            roots, grads = piece.roots(piece.module(*inputs))
+            torch.autograd.backward(roots, grads)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     name = piece.kind.replace("/", "-")
@@ -194,7 +195,8 @@ def _trace(piece: _Piece, device: torch.device, trace_dir: Path) -> dict | None:
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     (trace_dir / f"{name}.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40) + "\n")
     if device.type == "cuda":
-        return {"kind": piece.kind, **time_shares(device_activities(prof))}
+        return {"kind": piece.kind, **time_shares(device_activities(prof)), "host_syncs": sum(syncs.values()),
+                "host_sync_sites": dict(syncs.most_common(8))}
     return None
 
 
