@@ -4,6 +4,7 @@
 # the planner needs for the training ladder's one-GPU recompute plan). Writes a SQLite database,
 # one log per model and, per model, the --trace folder (each layer kind's kernel shares and host
 # syncs: kernel_shares.json) under $OUT; `tuner profile export` turns the database into packaged profiles.
+# The Chrome traces (trace-*/*.json but kernel_shares.json) run to tens of MB: bring back the rest.
 # Usage (GPU host, bundle carried): source .gpubundle/install.sh && bash bench/gpu/profile_layers.sh
 # From a `git archive` export (no history of its own), set BENCH_COMMIT=<the exported commit> so the
 # records name it (bench/record.py).
