@@ -94,14 +94,20 @@ class Pending:
 
 @dataclass
 class ShapeState:
-    shape: dict[str, int]
-    key: str
+    facts: ShapeFacts  # the shape, its key and what its kernel says of it
     source: ConfigSource
     budget: int  # trials to evaluate: the sweep's budget, or every valid config where there are fewer
-    bytes_moved: int  # by one launch of the kernel at this shape
     evaluated: int = 0
     pruned: int = 0
     best_ms: float | None = None
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return self.facts.shape
+
+    @property
+    def key(self) -> str:
+        return self.facts.key
 
 
 class SweepStopped(Exception):
@@ -125,7 +131,7 @@ class SweepRunner:
         self.on_progress = on_progress or (lambda *_: None)
         sweep = queue.get_sweep(engine, sweep_id)
         self.spec = stored_spec(sweep.spec, sweep_id)  # checked against its kernel when it was queued
-        self.kernel = facts or KernelFacts.of(self.spec)
+        self.facts = facts or KernelFacts.of(self.spec)
         self.arch = pool.arch
         if self.spec.arch not in ("auto", self.arch):
             raise ValueError(f"sweep {sweep_id} asks for arch {self.spec.arch} but the workers run {self.arch}")
@@ -133,8 +139,8 @@ class SweepRunner:
         self.dimensions = self.space.dimensions(self.arch)
         self.budget = self.spec.trial_budget(self.arch)
         # the kernel's code is part of what a stored timing measured (see tuner.sweep.identity)
-        self.toolchain = {**pool.toolchain, "kernel_source": self.kernel.source_version}
-        self.atol, self.rtol = self.kernel.tolerances(self.spec)
+        self.toolchain = {**pool.toolchain, "kernel_source": self.facts.source_version}
+        self.atol, self.rtol = self.facts.tolerances(self.spec)
         self.timing = self.spec.timing
         self.deadline = (time.monotonic() + self.spec.budget.max_minutes * 60) if self.spec.budget.max_minutes else None
 
@@ -145,8 +151,8 @@ class SweepRunner:
             session.execute(update(Sweep).where(Sweep.id == self.sweep_id).values(arch=self.arch))
         try:
             with queue.Lease(self.engine, self.sweep_id, self.owner, self.lease_s) as self.lease:
-                for shape in self.kernel.shapes:
-                    state = self._open_shape(shape)
+                for shape_facts in self.facts.shapes:
+                    state = self._open_shape(shape_facts)
                     self._search(state)
                     self._retime(state)
                 self._beat()
@@ -170,11 +176,11 @@ class SweepRunner:
             raise SweepStopped()
 
     def _identity(self, key: str, config: dict[str, Any]) -> str:
-        return config_identity(self.kernel.name, key, self.arch, config, self.toolchain, self.timing.method)
+        return config_identity(self.facts.name, key, self.arch, config, self.toolchain, self.timing.method)
 
-    def _open_shape(self, facts: ShapeFacts) -> ShapeState:
+    def _open_shape(self, shape_facts: ShapeFacts) -> ShapeState:
         """Load what this sweep already recorded for the shape and set up its strategy."""
-        shape, key = facts.shape, facts.key
+        shape, key = shape_facts.shape, shape_facts.key
         name = self.spec.strategy.name
         verdicts = [(config, self.space.violation(config, shape, self.arch)) for config in self.space.grid(self.arch)]
         valid_configs = [config for config, reason in verdicts if reason is None]
@@ -182,7 +188,7 @@ class SweepRunner:
         study = optuna.create_study(
             storage=self.storage, direction="minimize", load_if_exists=True,
             sampler=make_sampler(name, self.spec.strategy.seed, valid_configs, self.dimensions) if sampled else None,
-            study_name=f"sweep-{self.sweep_id}/{self.kernel.name}/{key}")
+            study_name=f"sweep-{self.sweep_id}/{self.facts.name}/{key}")
         with session_scope(self.engine) as session:
             rows = session.scalars(select(Trial).where(Trial.sweep_id == self.sweep_id, Trial.shape_key == key)).all()
             recorded = {r.identity for r in rows}
@@ -207,13 +213,13 @@ class SweepRunner:
             self._write_pruned(key, newly_pruned)
             pruned += len(newly_pruned)
             source: ConfigSource = GridSource(study, self.dimensions, remaining, self.spec.strategy.seed,
-                                              first=default_in_space(facts.default, self.space, shape, self.arch))
+                                              first=default_in_space(shape_facts.default, self.space, shape, self.arch))
         else:
             source = OptunaSource(study, self.dimensions, max_asks=20 * self.budget + self.space.size(self.arch))
-            default = default_in_space(facts.default, self.space, shape, self.arch)
+            default = default_in_space(shape_facts.default, self.space, shape, self.arch)
             if default is not None and not study.get_trials(deepcopy=False):
                 study.enqueue_trial(default)
-        return ShapeState(shape, key, source, budget, facts.bytes_moved, evaluated=evaluated, pruned=pruned,
+        return ShapeState(shape_facts, source, budget, evaluated=evaluated, pruned=pruned,
                           best_ms=min(ok) if ok else None)
 
     # -- search loop -------------------------------------------------------------------
@@ -224,10 +230,10 @@ class SweepRunner:
 
     def _compiles_ahead(self, state: ShapeState) -> bool:
         """Whether CPU workers compile ahead: a GPU pool, and every worker's inputs fit beside the sweep."""
-        if not self.pool.compile_ahead or not self.kernel.compiles:
+        if not self.pool.compile_ahead or not self.facts.compiles:
             return False
         memory = min(i.get("memory_bytes") or 0 for i in self.pool.infos)
-        return state.bytes_moved * self.pool.compile_slots <= COMPILE_MEMORY_SHARE * memory
+        return state.facts.bytes_moved * self.pool.compile_slots <= COMPILE_MEMORY_SHARE * memory
 
     def _search(self, state: ShapeState) -> None:
         ready: deque[Pending] = deque()
@@ -242,7 +248,7 @@ class SweepRunner:
         def admit(pending: Pending) -> None:
             if compile_ahead:
                 task = compile_config.options(runtime_env=self.pool.runtime_env)
-                ref = task.remote(self.kernel.name, state.shape, pending.config)
+                ref = task.remote(self.facts.name, state.shape, pending.config)
                 compiling[ref] = pending
             else:
                 ready.append(pending)
@@ -255,7 +261,7 @@ class SweepRunner:
                     pending = compiling.pop(next(iter(compiling)))
                 worker = idle.pop()
                 pending.started_at = utcnow()
-                request = {"kernel": self.kernel.name, "shape": state.shape, "config": pending.config,
+                request = {"kernel": self.facts.name, "shape": state.shape, "config": pending.config,
                            "seed": self.timing.input_seed, "atol": self.atol, "rtol": self.rtol,
                            "warmup_ms": self.timing.warmup_ms, "rep_ms": self.timing.rep_ms,
                            "method": self.timing.method}
@@ -405,7 +411,7 @@ class SweepRunner:
 
     def _trial(self, key: str, config: dict[str, Any], identity: str, **measured: Any) -> Trial:
         """A trial row of this sweep; ``measured`` holds the status and what was measured."""
-        return Trial(sweep_id=self.sweep_id, kernel=self.kernel.name, shape_key=key, arch=self.arch,
+        return Trial(sweep_id=self.sweep_id, kernel=self.facts.name, shape_key=key, arch=self.arch,
                      config=config, identity=identity, **measured)
 
     def _write_pruned(self, key: str, pruned: list[tuple[dict[str, Any], str, str]]) -> None:
@@ -470,7 +476,7 @@ class SweepRunner:
             return
         answers: list[dict[str, Any]] = []
         if len(candidate_ids) > 1:
-            request = {"kernel": self.kernel.name, "shape": state.shape,
+            request = {"kernel": self.facts.name, "shape": state.shape,
                        "configs": [row.config for row in best.values()],
                        "seed": self.timing.input_seed, "rounds": self.timing.retime_rounds,
                        "warmup_ms": self.timing.retime_warmup_ms, "rep_ms": self.timing.retime_rep_ms,
