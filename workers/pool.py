@@ -155,18 +155,17 @@ class PrewarmedChildren:
 
     def drop_unadopted(self) -> None:
         """End the children no worker adopted (an adopted child removes its socket)."""
-        for path, child in list(self.children.items()):
-            if os.path.exists(path):
-                child.kill()
-                child.wait()
-                del self.children[path]
+        self._end([path for path in self.children if os.path.exists(path)])
 
     def close(self) -> None:
-        for child in self.children.values():
+        self._end(list(self.children))
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _end(self, paths: list[str]) -> None:
+        for path in paths:
+            child = self.children.pop(path)
             child.kill()
             child.wait()
-        self.children.clear()
-        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 @dataclass
