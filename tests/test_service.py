@@ -80,6 +80,9 @@ def test_faulty_configs_are_recorded_and_the_sweep_completes(tmp_path, db_url, l
         ok = by_mode[("ok", block)]
         assert ok.status == "ok" and ok.median_ms > 0 and ok.p20_ms <= ok.median_ms <= ok.p80_ms and ok.reps >= 3
         assert ok.host and ok.versions["triton"] and len(ok.versions["kernel_source"]) == 12
+        phases = ok.metrics["phases_s"]  # where the trial's time went: within what the child was busy
+        assert set(phases) == {"inputs", "first_call", "check", "timing"} and phases["timing"] > 0
+        assert sum(phases.values()) <= ok.metrics["busy_s"]
     winners = [r for r in rows if r.is_winner]
     assert len(winners) == 1 and winners[0].config["MODE"] == "ok" and winners[0].retime_ms is not None
 

@@ -77,26 +77,46 @@ def mismatch(outputs: tuple[torch.Tensor, ...], reference: tuple[torch.Tensor, .
 
 
 def run_trial(request: dict[str, Any]) -> dict[str, Any]:
+    """Check one config against the reference, then time it. The metrics' ``phases_s`` say where the
+    trial's seconds went: building the inputs (once per shape), the first call (loading the compiled
+    binary, or compiling it where no compile worker did), the check, the timing and the host's time.
+    The host's time is taken only when ``request["host_time"]`` (default: yes): a sweep ranked by
+    device time has its few best configs' host times taken at their re-timing."""
     kernel = registry.get(request["kernel"])
     shape, config = request["shape"], request["config"]
     on_gpu = current_arch() != INTERPRETER_ARCH
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    phases: dict[str, float] = {}
+    mark = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        phases[name] = now - mark
+        mark = now
+
     inputs, reference = _inputs_and_reference(kernel, shape, request.get("seed", 0))
+    phase("inputs")
     try:
         outputs = as_tuple(kernel.run(inputs, config))
     except COMPILE_ERRORS as exc:
         return {"status": "compile_error", "error": error_text(exc)}
-    if on_gpu:
-        torch.cuda.synchronize()
+    sync()
+    phase("first_call")
     problem = mismatch(outputs, reference, request["atol"], request["rtol"])
     if problem:
         return {"status": "wrong", "error": problem}
+    phase("check")
     call = lambda: kernel.run(inputs, config)  # noqa: E731 - one call of the launch
     timing = measure(call, request["warmup_ms"], request["rep_ms"], on_gpu, request.get("method", "events"))
-    metrics = {"gbps": kernel.bytes_moved(shape) / (timing.median_ms * 1e-3) / 1e9}
-    if on_gpu:  # the interpreter's calls are synchronous: its host time is the whole time
+    phase("timing")
+    metrics: dict[str, Any] = {"gbps": kernel.bytes_moved(shape) / (timing.median_ms * 1e-3) / 1e9}
+    if on_gpu and request.get("host_time", True):  # the interpreter's calls are synchronous: no host time apart
         metrics["host_ms"] = host_ms(call)
+        phase("host")
     if kernel.flops is not None:
         metrics["tflops"] = kernel.flops(shape) / (timing.median_ms * 1e-3) / 1e12
+    metrics["phases_s"] = phases
     return {"status": "ok", "median_ms": timing.median_ms, "p20_ms": timing.p20_ms,
             "p80_ms": timing.p80_ms, "reps": timing.reps, "metrics": metrics}
 

@@ -13,9 +13,10 @@ slower in eager calls, host-bound (bench/2026-12-02f, 2026-12-03e). Hence two ra
 Device time is the default because host times measured during a sweep are noisy: the compile
 workers share the host's cores, and one launch path's host time, the least of ten rounds, still
 spread over 41-88 µs across the configs of one sweep (H200, 2026-12-03f), wider than the 10% band
-and than most differences between configs. Every trial and table entry records its host time, and
-the export warns of host-bound entries, so a launch whose host cost depends on its config (host-
-built TMA descriptors: +50 µs a call) is named even where device time picks it.
+and than most differences between configs. The re-timed configs, and so every table entry, record
+their host time (under ``eager`` every screened trial does too: its rank needs it), and the export
+warns of host-bound entries, so a launch whose host cost depends on its config (host-built TMA
+descriptors: +50 µs a call) is named even where device time picks it.
 
 Trials without a host time (the interpreter, sweeps from before it was measured) compare by device
 time. The search itself is told device times: host noise would steer it.

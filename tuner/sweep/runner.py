@@ -264,7 +264,7 @@ class SweepRunner:
                 request = {"kernel": self.facts.name, "shape": state.shape, "config": pending.config,
                            "seed": self.timing.input_seed, "atol": self.atol, "rtol": self.rtol,
                            "warmup_ms": self.timing.warmup_ms, "rep_ms": self.timing.rep_ms,
-                           "method": self.timing.method}
+                           "method": self.timing.method, "host_time": self.timing.rank == "eager"}
                 benching[self.pool.workers[worker].run_trial.remote(request, timeout_s)] = (pending, worker)
 
         for proposal in state.source.resume():
