@@ -55,11 +55,15 @@ def run_service(workdir: Path, name: str) -> dict:
         busy = sum(t.metrics.get("busy_s", 0.0) + sum(t.metrics.get("retime_busy_s", [])) for t in trials)
         benched = [t for t in trials if t.status not in ("pruned",)]
         winner = next(t for t in trials if t.is_winner)
+        phases: dict[str, float] = {}  # where the benchmarking child's seconds went, summed over the trials
+        for t in trials:
+            for phase, seconds in t.metrics.get("phases_s", {}).items():
+                phases[phase] = phases.get(phase, 0.0) + seconds
         return {
             "command_wall_s": command_s, "sweep_wall_s": sweep_s, "gpus": gpus,
             "gpu_busy_fraction": busy / (gpus * sweep_s),
             "trials": len(trials), "evaluated": len(benched), "statuses": {s: sum(t.status == s for t in trials) for s in {t.status for t in trials}},
-            "gpu_busy_s": busy, "winner": winner.config, "winner_median_ms": winner.median_ms,
+            "gpu_busy_s": busy, "trial_phases_s": phases, "winner": winner.config, "winner_median_ms": winner.median_ms,
         }
 
 
