@@ -9,6 +9,7 @@
 # plus each step's log and the device. --smoke: the same on the CPU (Triton interpreter, small shapes, no
 # autotune comparison), to check the script without a GPU.
 # Usage (GPU host, bundle carried): source .gpubundle/install.sh && bash bench/gpu/cli_startup.sh [--smoke]
+# QUICKSTART_TWICE=0 leaves the quickstart check out (the start-up figures alone, in half the time).
 # Each step has a time limit of its own (exit 124 in its log line), so one stuck step leaves the others theirs.
 # From a `git archive` export (no history of its own), set BENCH_COMMIT=<the exported commit> so the
 # records name it (bench/record.py).
@@ -34,6 +35,7 @@ if [[ ${#smoke[@]} -eq 0 ]]; then
   echo "service_vs_autotune: exit $?"; tail -40 "$out/service_vs_autotune.log"
 fi
 
+[[ "${QUICKSTART_TWICE:-1}" == 0 ]] && exit $status
 # quickstart twice: the user tables folder starts as a copy of the shipped table of this arch
 export TUNER_TABLES_DIR="$out/tables"
 arch=$(python3 -c "from kernels.arch import current_arch; print(current_arch())")
