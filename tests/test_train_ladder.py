@@ -24,15 +24,17 @@ def _answer(times: list[float], losses: list[float], tokens_per_s: float) -> dic
     return {"result": result, "tables": {"kernels": "triton", "arch": "sm_90", "sha256": None}}
 
 
-def test_rungs_differ_only_in_kernels_tables_and_recompute():
+def test_rungs_differ_only_in_kernels_tables_recompute_and_graphs():
     args = _args("--recompute", "full")
     configs = {rung: train_ladder.rung_config(rung, args, "cuda") for rung in train_ladder.RUNGS}
     assert configs["eager"][0]["kernels"] == "eager" and configs["eager"][1] == {}
-    assert configs["triton-defaults"][1] == {"TUNER_TABLES": "off"}
+    assert configs["triton-defaults"][1] == configs["triton-defaults-graphs"][1] == {"TUNER_TABLES": "off"}
     assert configs["triton-tuned"][0]["kernels"] == "triton" and configs["triton-tuned"][1] == {}
     assert configs["triton-tuned-recompute"][0]["recompute"] == "full"
     assert {c[0]["recompute"] for r, c in configs.items() if r != "triton-tuned-recompute"} == {"none"}
-    shared = [{k: v for k, v in c[0].items() if k not in ("kernels", "recompute")} for c in configs.values()]
+    assert {r for r, c in configs.items() if c[0]["cuda_graphs"]} == {"triton-defaults-graphs", "triton-tuned-graphs"}
+    shared = [{k: v for k, v in c[0].items() if k not in ("kernels", "recompute", "cuda_graphs")}
+              for c in configs.values()]
     assert all(s == shared[0] for s in shared)
     with pytest.raises(ValueError, match="rungs: unknown rung 'fast'"):
         train_ladder.rung_config("fast", args, "cuda")
@@ -77,10 +79,10 @@ def test_targets_judge_the_measured_rungs_and_say_when_eager_is_missing():
              "triton-defaults": train_ladder.summarize(_answer([1.0] * 4, [3.0, 2.0], 1000.0), 1),
              "triton-tuned": train_ladder.summarize(_answer([1.0] * 4, [3.0, 2.0], 2000.0), 1)}
     train_ladder._compare(rungs)
-    rows = {row["target"].split(" ")[1]: row for row in train_ladder.targets({"rungs": rungs})}
-    assert rows["tuned"]["status"] == "met"  # 200 TFLOP/s >= 185
-    assert rows["rung"]["status"] == "met" and rows["rung"]["measured"].startswith("2.000x")
-    assert rows["rungs'"]["status"] == "not measured" and "oom" in rows["rungs'"]["measured"]
+    rows = {row["target"].split(" ")[0]: row for row in train_ladder.targets({"rungs": rungs})}
+    assert rows["proxy-8l"]["status"] == "met" and "(triton-tuned)" in rows["proxy-8l"]["measured"]  # 200 >= 185
+    assert rows["triton-tuned"]["status"] == "met" and rows["triton-tuned"]["measured"].startswith("2.000x")
+    assert rows["Triton"]["status"] == "not measured" and "oom" in rows["Triton"]["measured"]
     rungs["triton-tuned"]["model_tflops_per_gpu"] = 90.0
     assert {row["status"] for row in train_ladder.targets({"rungs": rungs})} >= {"missed"}
 
@@ -96,7 +98,8 @@ def test_parity_at_a_smaller_size_is_judged_against_eagers_own_noise(monkeypatch
         return train_ladder.summarize(_answer([1.0] * 3, curves[next(order)], 10.0), 1)
 
     monkeypatch.setattr(train_ladder, "_train_rung", fake)
-    small = train_ladder.parity_run(_args("--parity-seq", "256", "--parity-gbs", "2"), "cpu")
+    triton_rungs = ["triton-defaults", "triton-tuned"]
+    small = train_ladder.parity_run(_args("--parity-seq", "256", "--parity-gbs", "2"), "cpu", triton_rungs)
     assert calls == [("eager", 256, 2, 0.0), ("eager", 256, 2, train_ladder.WEIGHT_NOISE),
                      ("triton-defaults", 256, 2, 0.0), ("triton-tuned", 256, 2, 0.0)]
     assert small["eager_noise"] == pytest.approx(0.003)
@@ -105,8 +108,25 @@ def test_parity_at_a_smaller_size_is_judged_against_eagers_own_noise(monkeypatch
     assert small["rungs"]["triton-tuned"]["within_noise"] is False
     curves["eager-perturbed"] = [4.0, 3.0, 2.4]  # rounding alone moves the curve 20%: both rungs are within it
     order = iter(curves)
-    wide = train_ladder.parity_run(_args("--parity-seq", "256", "--parity-gbs", "2"), "cpu")
+    wide = train_ladder.parity_run(_args("--parity-seq", "256", "--parity-gbs", "2"), "cpu", triton_rungs)
     assert wide["band"] == pytest.approx(0.2) and all(r["within_noise"] for r in wide["rungs"].values())
     figures = {"rungs": {"eager": {"status": "oom"}}, "parity": small}
     row = train_ladder.targets(figures)[-1]
     assert row["status"] == "missed" and "at gbs 2, seq 256" in row["measured"]
+
+
+def test_graph_rungs_pair_with_their_defaults_and_are_left_out_without_a_gpu(monkeypatch):
+    rungs = {name: train_ladder.summarize(_answer([1.0] * 4, [3.0, 2.0], tokens), 1) for name, tokens in
+             (("triton-defaults", 900.0), ("triton-tuned", 950.0), ("triton-defaults-graphs", 1500.0),
+              ("triton-tuned-graphs", 2000.0))}
+    train_ladder._compare(rungs)
+    assert rungs["triton-tuned-graphs"]["speedup_over_defaults"] == pytest.approx(2000 / 1500)
+    rows = train_ladder.targets({"rungs": rungs})
+    assert "(triton-tuned-graphs)" in rows[0]["measured"]  # the fastest rung is judged
+    assert [row["status"] for row in rows[1:3]] == ["missed", "met"]  # 1.056x without graphs, 1.333x with
+
+    ran = []
+    monkeypatch.setattr(train_ladder, "_train_rung", lambda rung, *_a, **_k: ran.append(rung) or {"status": "oom"})
+    figures = train_ladder.run(_args("--device", "cpu", "--rungs", "triton-tuned,triton-tuned-graphs",
+                                     "--parity-seq", "0"))
+    assert ran == ["triton-tuned"] and figures["left_out"] == {"triton-tuned-graphs": "CUDA graphs need a GPU"}

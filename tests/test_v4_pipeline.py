@@ -70,6 +70,10 @@ def test_run_config_rejects_bad_layouts_and_plans() -> None:
         (dict(gbs=5, mbs=2), "not a multiple of mbs"),
         (dict(preset="v9"), "unknown preset 'v9'"),
         (dict(kernels="cuda"), "kernels"),
+        (dict(cuda_graphs=True), r"cuda_graphs needs device cuda \(got cpu\); kernels triton"),
+        (dict(cuda_graphs=True, device="cuda", kernels="triton", layout="Et*2|t*2mL", pp=2), "pp 1"),
+        (dict(cuda_graphs=True, device="cuda", kernels="triton", layout="Et*2|t*2mL", pp=1), "virtual stages"),
+        (dict(cuda_graphs=True, device="cuda", kernels="triton", recompute="selective:moe_act"), "no recompute"),
     ):
         with pytest.raises(ValidationError, match=message):
             RunConfig(**{**BASE, "iters": 3, **fields})
@@ -153,3 +157,20 @@ def test_out_of_memory_is_reported_not_raised(world_of_one, monkeypatch) -> None
     peer = RunResult(status="error", message="peer gone", world=2, pp=2, vpp=1, dp=1, microbatches=4)
     assert merge_results([peer, stepping]) is stepping
     assert merge_results([RunResult(status="ok", world=1, pp=1, vpp=1, dp=1, microbatches=4), peer]) is peer
+
+
+def test_graph_capture_inputs_are_what_each_layer_takes() -> None:
+    """``v4.graphs`` captures each layer on inputs shaped as a microbatch's: every layer runs forward and
+    backward on them here (the capture itself needs CUDA, and a CPU device is refused by name)."""
+    from v4.graphs import _sample_args, graph_layers
+
+    config = RunConfig(**{**BASE, "iters": 2}).model()  # the eager ops take what the Triton ones take, faster here
+    stage = build_stage(config, parse_layout("Et*4mL", 4, 1, 1).stages[0], RecomputePlan(), "eager")
+    for layer, is_mtp in [*((layer, False) for layer in stage.layers), (stage.mtp, True)]:
+        args = _sample_args(is_mtp, config, 1, 16, torch.device("cpu"), torch.bfloat16)
+        out = layer(*args)
+        assert out.shape == ((1, 16, config.hidden) if is_mtp else args[0].shape)
+        out.float().square().mean().backward()
+        assert all(a.grad is not None for a in args if a.requires_grad)
+    with pytest.raises(ValueError, match="CUDA graphs need the layers on a CUDA device, got cpu"):
+        graph_layers(list(stage.layers), stage.mtp, config, 1, 16, torch.device("cpu"), torch.bfloat16)

@@ -48,6 +48,7 @@ from v4.layout import PipelineLayout, even_layout, parse_layout
 from v4.config import ModelConfig, load_preset
 from v4.data import MarkovTokens
 from v4.flops import model_flops
+from v4.graphs import graph_layers
 from v4.memory import SavedActivations
 from v4.ops import Kernels
 from v4.optim import MixedPrecisionAdamW, clip_coefficient
@@ -81,6 +82,9 @@ class RunConfig(BaseModel):
     kernels: Kernels = "eager"
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    cuda_graphs: bool = Field(False, description=(
+        "capture each layer's forward and backward as CUDA graphs, replayed per microbatch (v4.graphs): "
+        "the host's launches stop limiting the step; needs pp 1, the Triton kernels, no recompute, CUDA"))
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -88,8 +92,19 @@ class RunConfig(BaseModel):
             raise ValueError(f"warmup_iters={self.warmup_iters} leaves no measured iteration of iters={self.iters}")
         if self.gbs % self.mbs:
             raise ValueError(f"gbs={self.gbs} is not a multiple of mbs={self.mbs}")
-        self.pipeline_layout()  # the preset, layout and recompute text must all fit together
-        RecomputePlan.parse(self.recompute).check(len(self.model().layer_ids))
+        layout = self.pipeline_layout()  # the preset, layout and recompute text must all fit together
+        plan = RecomputePlan.parse(self.recompute)
+        plan.check(len(self.model().layer_ids))
+        if self.cuda_graphs:
+            why = [reason for bad, reason in (
+                (self.device != "cuda", f"device cuda (got {self.device})"),
+                (self.kernels != "triton", f"kernels triton (got {self.kernels}: the eager ops sync with the host)"),
+                (len(layout.stages) != self.pp, "one stage per pipeline rank (a layout without virtual stages)"),
+                (self.pp != 1, f"pp 1, one microbatch in flight (got pp {self.pp})"),
+                (bool(plan.full_layers) or bool(plan.selective), f"no recompute (got {self.recompute!r})"),
+            ) if bad]
+            if why:
+                raise ValueError("cuda_graphs needs " + "; ".join(why))
         return self
 
     def model(self) -> ModelConfig:
@@ -220,6 +235,9 @@ class _Run:
             self.schedule = ScheduleInterleaved1F1B(stages, microbatches, loss_fn=self._loss, scale_grads=False)
         self.optimizer = MixedPrecisionAdamW([p for m in self.modules for p in m.parameters()], run.lr,
                                              weight_decay=run.weight_decay)
+        if run.cuda_graphs:  # after the optimizer: the captured expert kernels write into its main_grad
+            for module in self.modules:
+                graph_layers(list(module.layers), module.mtp, config, run.mbs, run.seq, self.device, dtype)
         tied = sum(1 for st in layout.stages if {"E", "m"} & set(st.symbols)) > 1
         self.embeddings = [m.embedding.weight for m in self.modules if m.embedding is not None] if tied else []
         # the norm counts the shared embedding once: on the E stage, not on the m stage's copy
