@@ -79,6 +79,8 @@ ARGUMENT_CASES = [
     ("tables show nothing", ["tables", "show", "--dir", "{dir}/tables"], "no tuned table"),
     ("train queue bad layout", ["train", "queue", "--model", "proxy-8l", "--gbs", "2", "--seq", "64", "--iters", "2",
                                 "--layout", "(" * 5000 + "t" + ")" * 5000], "too-large"),
+    ("train queue graphs with eager ops", ["train", "queue", "--model", "proxy-8l", "--gbs", "2", "--seq", "64",
+                                           "--iters", "2", "--cuda-graphs"], "cuda_graphs needs kernels triton"),
     ("train run huge repeat", ["train", "run", "--model", "proxy-8l", "--gbs", "2", "--seq", "64", "--iters", "2",
                                "--layout", "Et*1000000000L"], "too-large"),
     ("tables reset path in arch", ["tables", "reset", "--arch", "../file"], "--arch: '../file' is not an arch name"),

@@ -154,3 +154,13 @@ def test_a_layout_without_pp_runs_one_stage_per_rank(tmp_path, layout: str, stag
     code, out = tuner(db, "train", "queue", *args, "--pp", str(stages))
     assert code == 0, out
     assert [(row.request["pp"], row.request["layout"]) for row in rows(db)] == [(stages, layout)] * 2
+
+
+def test_a_run_with_cuda_graphs_is_queued_for_a_gpu(tmp_path) -> None:
+    """Graphs run only on a GPU: "auto" is checked as a GPU run, and an explicit CPU device is refused by name."""
+    db = f"sqlite:///{tmp_path / 'tuner.db'}"
+    args = ["--model", "tiny", "--gbs", "2", "--seq", "64", "--iters", "2", "--kernels", "triton", "--cuda-graphs"]
+    assert tuner(db, "train", "queue", *args) == (0, "1\n")
+    assert rows(db)[0].request["cuda_graphs"] is True and rows(db)[0].device == "auto"
+    code, out = tuner(db, "train", "queue", *args, "--device", "cpu")
+    assert code == 2 and "cuda_graphs needs device cuda (got cpu)" in out, out

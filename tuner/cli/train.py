@@ -72,17 +72,20 @@ Iters = Annotated[int, typer.Option(help="iterations")]
 Warmup = Annotated[int, typer.Option(help="iterations left out of the step-time figures")]
 Dtype = Annotated[str, typer.Option(help="bfloat16 or float32")]
 World = Annotated[int, typer.Option(help="ranks: data-parallel replicas × pp")]
+CudaGraphs = Annotated[bool, typer.Option("--cuda-graphs", help=(
+    "replay each layer's forward and backward as CUDA graphs (pp 1, triton kernels, no recompute, a GPU): "
+    "the host's launches stop limiting the step"))]
 
 
 def _request(model: str, layout: Optional[str], pp: Optional[int], recompute: str, gbs: int, mbs: int, seq: int,
              iters: int, warmup_iters: int, lr: float, seed: int, kernels: str, dtype: str, device: str,
-             world: int) -> TrainRequest:
+             world: int, cuda_graphs: bool) -> TrainRequest:
     """The request of ``train run`` / ``train queue``; ``TrainRequestError`` names every bad field."""
     from tuner.train import queue as train_queue
 
     fields = dict(preset=model, layout=layout, pp=pp or (_stages(model, layout) if layout else 1),
                   recompute=recompute, gbs=gbs, mbs=mbs, seq=seq, iters=iters, warmup_iters=warmup_iters, lr=lr,
-                  seed=seed, kernels=kernels, dtype=dtype)
+                  seed=seed, kernels=kernels, dtype=dtype, cuda_graphs=cuda_graphs)
     return train_queue.parse_request(fields, device, world)  # type: ignore[arg-type]
 
 
@@ -91,7 +94,7 @@ def _request(model: str, layout: Optional[str], pp: Optional[int], recompute: st
 def train_run(ctx: typer.Context, model: Model, gbs: Gbs, seq: Seq, iters: Iters, layout: Layout = None,
               pp: PP = None, recompute: Recompute = "none", mbs: Mbs = 1, warmup_iters: Warmup = 1,
               lr: float = 1e-3, seed: int = 0, kernels: Kernels = "eager", dtype: Dtype = "bfloat16",
-              device: Device = "auto", world: World = 1,
+              device: Device = "auto", world: World = 1, cuda_graphs: CudaGraphs = False,
               ray_address: Annotated[Optional[str], typer.Option(
                   "--ray-address", envvar="RAY_ADDRESS", help="join this Ray cluster (default: start a local one)")] = None,
               lease_seconds: Annotated[float, typer.Option(help="how long the run's lease lasts unrenewed")] = 60.0) -> None:
@@ -103,7 +106,7 @@ def train_run(ctx: typer.Context, model: Model, gbs: Gbs, seq: Seq, iters: Iters
     from tuner.train.serve import connect_ray, execute
 
     request = _request(model, layout, pp, recompute, gbs, mbs, seq, iters, warmup_iters, lr, seed, kernels, dtype,
-                       device, world)
+                       device, world, cuda_graphs)
     engine = command_engine(ctx)
     started = connect_ray(ray_address)
     try:
@@ -126,12 +129,12 @@ def train_run(ctx: typer.Context, model: Model, gbs: Gbs, seq: Seq, iters: Iters
 def train_queue_command(ctx: typer.Context, model: Model, gbs: Gbs, seq: Seq, iters: Iters, layout: Layout = None,
                         pp: PP = None, recompute: Recompute = "none", mbs: Mbs = 1, warmup_iters: Warmup = 1,
                         lr: float = 1e-3, seed: int = 0, kernels: Kernels = "eager", dtype: Dtype = "bfloat16",
-                        device: Device = "auto", world: World = 1) -> None:
+                        device: Device = "auto", world: World = 1, cuda_graphs: CudaGraphs = False) -> None:
     """Store a training run as queued for ``tuner serve``; prints its id."""
     from tuner.train import queue as train_queue
 
     request = _request(model, layout, pp, recompute, gbs, mbs, seq, iters, warmup_iters, lr, seed, kernels, dtype,
-                       device, world)
+                       device, world, cuda_graphs)
     typer.echo(train_queue.enqueue(command_engine(ctx), request))
 
 

@@ -58,10 +58,12 @@ class TrainRequest(BaseModel):
 def parse_request(run: dict[str, Any], device: DeviceChoice, world: int) -> TrainRequest:
     """Validate CLI-style fields (``run`` holds RunConfig's); ``TrainRequestError`` names each bad field.
 
-    ``device="auto"`` is validated as a CPU run and resolved by whoever runs it.
+    ``device="auto"`` is validated as a CPU run (as a GPU run with CUDA graphs, which only a GPU runs)
+    and resolved by whoever runs it.
     """
+    on_gpu = device == "cuda" or (device == "auto" and bool(run.get("cuda_graphs")))
     try:
-        return TrainRequest(run={**run, "device": "cuda" if device == "cuda" else "cpu"}, device=device, world=world)
+        return TrainRequest(run={**run, "device": "cuda" if on_gpu else "cpu"}, device=device, world=world)
     except ValidationError as exc:
         lines = []
         for error in exc.errors():
