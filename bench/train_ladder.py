@@ -265,13 +265,13 @@ def plot_svg(figures: dict[str, Any], width: int = 720, height: int = 300) -> st
              f'<text x="8" y="14">model TFLOP/s per GPU ({figures["preset"]}, gbs {figures["gbs"]}, '
              f'seq {figures["seq"]}, {figures["device"]})</text>',
              f'<text x="{half + 8}" y="14">loss per step</text>']
-    colors = ["#888", "#d62728", "#1f77b4", "#2ca02c"]
+    colors = ["#888", "#d62728", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"]
     top = max((r["model_tflops_per_gpu"] for r in rungs.values()), default=1.0) or 1.0
     bar = (half - 40) / max(len(rungs), 1)
     for i, (name, r) in enumerate(rungs.items()):
         h = (height - 80) * r["model_tflops_per_gpu"] / top
         x, y = 20 + i * bar, height - 50 - h
-        parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar * 0.7:.1f}" height="{h:.1f}" fill="{colors[i % 4]}"/>')
+        parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar * 0.7:.1f}" height="{h:.1f}" fill="{colors[i % len(colors)]}"/>')
         parts.append(f'<text x="{x:.1f}" y="{y - 4:.1f}">{r["model_tflops_per_gpu"]:.1f}</text>')
         parts.append(f'<text x="{x:.1f}" y="{height - 36}" font-size="9">{name}</text>')
     curves = [r["losses"] for r in rungs.values()]
@@ -281,7 +281,7 @@ def plot_svg(figures: dict[str, Any], width: int = 720, height: int = 300) -> st
         for i, losses in enumerate(curves):
             points = " ".join(f"{half + 20 + (half - 40) * s / max(steps - 1, 1):.1f},"
                               f"{30 + (height - 80) * (high - v) / span:.1f}" for s, v in enumerate(losses))
-            parts.append(f'<polyline points="{points}" fill="none" stroke="{colors[i % 4]}" stroke-width="1.2"/>')
+            parts.append(f'<polyline points="{points}" fill="none" stroke="{colors[i % len(colors)]}" stroke-width="1.2"/>')
         parts.append(f'<text x="{half + 20}" y="{height - 36}">{low:.3f} .. {high:.3f} over {steps} steps</text>')
     parts.append("</svg>")
     return "\n".join(parts)
