@@ -8,6 +8,7 @@
 # $OUT/sweep) and lays its exported table over the shipped one as the user table of every rung (the
 # sweeps before the benchmark, in one run).
 # Writes the record, the plot, the plan and the logs under $OUT.
+# PARITY_SEQ=0 leaves the loss-parity runs out (throughput alone, in about half the time).
 # Usage (GPU host): source .gpubundle/install.sh && bash bench/gpu/train_ladder.sh
 # From a `git archive` export (no history of its own), set BENCH_COMMIT=<the exported commit> so the
 # records name it (bench/record.py).
@@ -39,5 +40,6 @@ fi
 rungs=${RUNGS:-eager,triton-defaults,triton-tuned${RECOMPUTE:+,triton-tuned-recompute}}
 python3 -m bench train_ladder --record "$out/train_ladder.json" --preset proxy-8l --gbs 8 --mbs 1 --seq 4096 \
   --iters 20 --warmup-iters 3 --rungs "$rungs" ${RECOMPUTE:+--recompute "$RECOMPUTE"} --timeout "${RUNG_TIMEOUT:-150}" \
+  --parity-seq "${PARITY_SEQ:-1024}" \
   2>&1 | tee "$out/train_ladder.log"
 python3 -m bench.train_ladder --plot "$out/train_ladder.json" "$out/train_ladder.svg"
