@@ -35,7 +35,7 @@ WARMUP_CALLS = 3  # make_graphed_callables' default: enough for lazy inits (cuBL
 
 def _sample_args(is_mtp: bool, config: ModelConfig, mbs: int, seq: int, device: torch.device,
                  dtype: torch.dtype) -> tuple[Tensor, ...]:
-    """Inputs shaped as a microbatch's, to capture ``layer`` with: (h, [next_embedding,] token_ids)."""
+    """Inputs shaped as a microbatch's to capture a layer with: (h, [next_embedding,] token_ids); the MTP layer takes the next embedding too."""
     gen = torch.Generator(device=device).manual_seed(0)
     h = torch.randn(mbs, seq, STREAMS, config.hidden, device=device, dtype=dtype, generator=gen).requires_grad_()
     ids = torch.randint(config.vocab, (mbs, seq), device=device, generator=gen)
