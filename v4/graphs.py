@@ -35,7 +35,8 @@ WARMUP_CALLS = 3  # make_graphed_callables' default: enough for lazy inits (cuBL
 
 def _sample_args(is_mtp: bool, config: ModelConfig, mbs: int, seq: int, device: torch.device,
                  dtype: torch.dtype) -> tuple[Tensor, ...]:
-    """Inputs shaped as a microbatch's to capture a layer with: (h, [next_embedding,] token_ids); the MTP layer takes the next embedding too."""
+    """Inputs shaped as a microbatch's to capture a layer with: (h, token_ids), and for the MTP layer
+    (h, next_embedding, token_ids)."""
     gen = torch.Generator(device=device).manual_seed(0)
     h = torch.randn(mbs, seq, STREAMS, config.hidden, device=device, dtype=dtype, generator=gen).requires_grad_()
     ids = torch.randint(config.vocab, (mbs, seq), device=device, generator=gen)
