@@ -10,7 +10,8 @@ the next:
 * ``triton-tuned``: the Triton kernels reading the tuned tables (user table over shipped);
 * ``triton-defaults-graphs``, ``triton-tuned-graphs``: the two above with every layer's forward and
   backward replayed as CUDA graphs (``v4.graphs``), so the host's launches stop limiting the step
-  and the kernels' own speed shows;
+  and the kernels' own speed shows; each graph rung's losses and speed are also compared with its twin
+  without graphs (the same kernels: the losses should agree);
 * ``triton-tuned-recompute``: the same with ``--recompute`` (the planner's recompute plan for
   this device; the GPU script takes it from ``tuner plan``). Left out when no plan is given.
 
@@ -254,6 +255,11 @@ def _compare(rungs: dict[str, dict[str, Any]]) -> None:
         defaults, tuned = rungs.get(defaults_name, {}), rungs.get(tuned_name, {})
         if defaults.get("status") == tuned.get("status") == "ok":
             tuned["speedup_over_defaults"] = tuned["tokens_per_s_per_gpu"] / defaults["tokens_per_s_per_gpu"]
+    for name, rung in rungs.items():  # a replayed graph runs the same kernels: its losses are its twin's
+        twin = rungs.get(name.removesuffix(GRAPHS), {}) if name.endswith(GRAPHS) else {}
+        if rung.get("status") == twin.get("status") == "ok":
+            rung["loss_vs_eager_launches"] = parity(rung["losses"], twin["losses"])["max_rel_diff"]
+            rung["speedup_over_eager_launches"] = rung["tokens_per_s_per_gpu"] / twin["tokens_per_s_per_gpu"]
 
 
 def plot_svg(figures: dict[str, Any], width: int = 720, height: int = 300) -> str:

@@ -121,6 +121,8 @@ def test_graph_rungs_pair_with_their_defaults_and_are_left_out_without_a_gpu(mon
               ("triton-tuned-graphs", 2000.0))}
     train_ladder._compare(rungs)
     assert rungs["triton-tuned-graphs"]["speedup_over_defaults"] == pytest.approx(2000 / 1500)
+    assert rungs["triton-tuned-graphs"]["speedup_over_eager_launches"] == pytest.approx(2000 / 950)
+    assert rungs["triton-tuned-graphs"]["loss_vs_eager_launches"] == 0.0  # the same kernels, replayed
     rows = train_ladder.targets({"rungs": rungs})
     assert "(triton-tuned-graphs)" in rows[0]["measured"]  # the fastest rung is judged
     assert [row["status"] for row in rows[1:3]] == ["missed", "met"]  # 1.056x without graphs, 1.333x with
