@@ -30,6 +30,7 @@ SYNC_WARNING = "synchronizing CUDA operation"  # what torch.cuda.set_sync_debug_
 
 GEMM_MARKS = ("gemm", "nvjet", "xmma", "cutlass", "_grouped_wgrad_kernel")
 ATTENTION_MARKS = ("sparse_attn", "_score_kernel", "flash", "fmha")
+TOP_OTHER = 8  # the remainder's largest kernels kept by name in ``kernel_shares.json``
 
 
 def kernel_class(name: str) -> str:
@@ -42,16 +43,22 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
-def time_shares(activities: Iterable[tuple[str, float]]) -> dict[str, Any]:
-    """Milliseconds per class of ``(name, microseconds)`` device activities, their total, and the
-    remainder ratio: total over GEMM plus attention (None when the layer has neither)."""
+def time_shares(activities: Iterable[tuple[str, float]], top: int = TOP_OTHER) -> dict[str, Any]:
+    """Milliseconds per class of ``(name, microseconds)`` device activities, their total, the
+    remainder ratio (total over GEMM plus attention; None when the layer has neither), and the ``top``
+    names of the remainder by their summed time (``other_top``: what to fuse or remove first)."""
     ms = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    other_by_name: Counter = Counter()
     for name, us in activities:
-        ms[kernel_class(name)] += us / 1e3
+        kind = kernel_class(name)
+        ms[kind] += us / 1e3
+        if kind == "other":
+            other_by_name[name] += us / 1e3
     total = sum(ms.values())
     core = ms["gemm"] + ms["attention"]
     return {**{f"{kind}_ms": round(value, 4) for kind, value in ms.items()}, "total_ms": round(total, 4),
-            "total_over_gemm_and_attention": round(total / core, 3) if core else None}
+            "total_over_gemm_and_attention": round(total / core, 3) if core else None,
+            "other_top": [{"name": name, "ms": round(value, 4)} for name, value in other_by_name.most_common(top)]}
 
 
 def with_timed_ms(shares: dict[str, Any], timed_ms: float) -> dict[str, Any]:
