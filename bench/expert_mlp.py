@@ -208,8 +208,8 @@ def bench_shape(shape: dict[str, int], rounds: int, device: Any) -> dict[str, An
     """Parity of the Triton path against the peer in both gradient modes, then every variant's times."""
     inputs = expert_inputs(shape, device)
     bounds, peer_name = _peer_bounds(inputs)
+    reference = fp32_reference(inputs)  # before the variants' fp32 buffers: its own fp32 weights are freed by then
     variants = {f"{impl}/{mode}": Variant(impl, mode, inputs, bounds) for impl in ("triton", "peer") for mode in GRAD_MODES}
-    reference = fp32_reference(inputs)
     floor = PARITY_FLOOR if device.type == "cuda" else INTERPRETER_PARITY_FLOOR
     result: dict[str, Any] = {"shape": shape, "peer": peer_name, "parity": {
         mode: parity(errors(variants[f"triton/{mode}"].forward_backward(), reference),
