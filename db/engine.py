@@ -113,7 +113,15 @@ def upgrade(engine: Engine) -> None:
         with schema_lock(engine):
             command.upgrade(config, "head")
     except SQLAlchemyError as exc:
-        raise DatabaseError(f"cannot upgrade the schema of {engine.url!r}: {exc}") from None
+        if is_disconnect(exc):
+            raise DatabaseError(f"cannot reach the database {engine.url!r}: {_driver_message(exc)}") from None
+        raise DatabaseError(f"cannot upgrade the schema of {engine.url!r}: {_driver_message(exc)}") from None
+
+
+def _driver_message(exc: SQLAlchemyError) -> str:
+    """What the database driver said, on one line, without SQLAlchemy's wrapping and its link to the docs."""
+    said = str(getattr(exc, "orig", None) or exc).split("(Background on this error", 1)[0]
+    return " ".join(said.split())
 
 
 def is_disconnect(exc: BaseException) -> bool:

@@ -191,7 +191,8 @@ DATABASE_CASES = [
     ("unknown alembic revision", _unknown_revision, "9999_from_the_future"),
     ("bad url", lambda tmp_path: "nonsense://x", "cannot open database"),
     ("sqlite in a missing folder", lambda tmp_path: f"sqlite:///{tmp_path}/missing/dir/t.db", "unable to open"),
-    ("refused postgresql port", lambda tmp_path: "postgresql+psycopg://u:p@127.0.0.1:1/x", "127.0.0.1"),
+    ("refused postgresql port", lambda tmp_path: "postgresql+psycopg://u:p@127.0.0.1:1/x",
+     "cannot reach the database postgresql+psycopg://u:***@127.0.0.1:1/x"),
 ]
 DATABASE_COMMANDS = [["sweep", "list"], ["sweep", "status", "1"], ["sweep", "cancel", "1"], ["train", "list"],
                      ["train", "show", "1"], ["export", "--arch", "sm_90"], ["replay", "--sweep", "1"],
