@@ -40,8 +40,9 @@ programs past the last real tile return at once, and an empty expert has no tile
 program id is swizzled over groups of ``GROUP_M`` row tiles so that consecutive programs
 share weight tiles in L2. The weight-gradient launches have one program per tile of every
 expert's gradient (each must be written, even for an expert without tokens) and reduce
-over the expert's tokens in ``BLOCK_K`` steps. K and N edges are masked, so no block size
-has to divide D or F.
+over the expert's tokens in ``BLOCK_K`` steps, by masked pointer loads or (``TMA``) through
+descriptors each program builds over its own expert's rows, which TMA zero-fills past the
+expert's end. K and N edges are masked, so no block size has to divide D or F.
 
 Tolerances (TunableKernel atol = rtol = 2e-2, per element against a fp32 reference fed
 the same bf16 inputs): bf16 outputs (a, gu, y, dgu, dx) are rounded once, 2**-9 relative;
@@ -65,7 +66,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels.arch import INTERPRETER_ARCH, current_arch
 from kernels.contracts import check_integer, check_same_device, values_checked
 from kernels.host_math import cdiv, next_pow2
-from kernels.launch import launch, tma_usable
+from kernels.launch import ensure_scratch_allocator, launch, tma_usable
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
 
@@ -210,9 +211,15 @@ def _grouped_gemm_kernel(
 def _grouped_wgrad_kernel(
     a_ptr, b_ptr, offsets_ptr, scale_ptr, grad_in_ptr, grad_out_ptr, M, N,
     HAS_SCALE: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
 ):
-    """``grad_out[e] = (grad_in[e] +) sum over e's tokens t of A[t, :]^T (scale_t B[t, :])``, one tile."""
+    """``grad_out[e] = (grad_in[e] +) sum over e's tokens t of A[t, :]^T (scale_t B[t, :])``, one tile.
+
+    TMA: the A and B token tiles come through descriptors the program builds over its expert's rows
+    alone (``[end - start, M]`` and ``[end - start, N]``), so TMA zero-fills the rows past the expert's
+    end and the columns past M and N, and no load is masked. An expert without tokens gets one-row
+    descriptors read from row 1: zeros, as its masked pointer loads give.
+    """
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
@@ -224,6 +231,12 @@ def _grouped_wgrad_kernel(
     ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = ms < M
     n_mask = ns < N
+    if TMA:
+        first = start.to(tl.int64)
+        held = tl.maximum(end - start, 1)
+        past_empty = (end == start).to(tl.int32)  # row 1 of a one-row view: zeros
+        a_desc = tl.make_tensor_descriptor(a_ptr + first * M, [held, M], [M, 1], [BLOCK_K, BLOCK_M])
+        b_desc = tl.make_tensor_descriptor(b_ptr + first * N, [held, N], [N, 1], [BLOCK_K, BLOCK_N])
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # At least one step, all masked for an expert without tokens: with a loop that may run no step,
     # the accumulator's zeros reach the final wgmma wait on a path past the loop, and Triton 3.6's
@@ -232,8 +245,12 @@ def _grouped_wgrad_kernel(
         ts = start + step * BLOCK_K + tl.arange(0, BLOCK_K)
         t_mask = ts < end
         ts = ts.to(tl.int64)
-        a = tl.load(a_ptr + ts[None, :] * M + ms[:, None], mask=m_mask[:, None] & t_mask[None, :], other=0.0)
-        b = tl.load(b_ptr + ts[:, None] * N + ns[None, :], mask=t_mask[:, None] & n_mask[None, :], other=0.0)
+        if TMA:
+            a = tl.trans(a_desc.load([step * BLOCK_K + past_empty, pid_m * BLOCK_M]))
+            b = b_desc.load([step * BLOCK_K + past_empty, pid_n * BLOCK_N])
+        else:
+            a = tl.load(a_ptr + ts[None, :] * M + ms[:, None], mask=m_mask[:, None] & t_mask[None, :], other=0.0)
+            b = tl.load(b_ptr + ts[:, None] * N + ns[None, :], mask=t_mask[:, None] & n_mask[None, :], other=0.0)
         if HAS_SCALE:
             scale = tl.load(scale_ptr + ts, mask=t_mask, other=0.0)
             b = (b.to(tl.float32) * scale[:, None]).to(b_ptr.dtype.element_ty)
@@ -327,11 +344,14 @@ def _wgrad(
     """
     out = torch.empty_like(grad) if out is None else out
     n_experts, m, n = out.shape
+    tma = tma_usable(config, a, b)
+    if tma and current_arch() != INTERPRETER_ARCH:
+        ensure_scratch_allocator()  # the kernel's descriptors live in Triton's global scratch
     launch(
         _grouped_wgrad_kernel,
         (n_experts * cdiv(m, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"]),),
         (a, b, offsets, a if scale is None else scale, out if grad is None else grad, out, m, n),
-        {"HAS_SCALE": scale is not None, "ACCUMULATE": grad is not None, **_tile_constexprs(config)},
+        {"HAS_SCALE": scale is not None, "ACCUMULATE": grad is not None, **_tile_constexprs(config), "TMA": tma},
         config,
         compile_only,
     )
@@ -638,7 +658,7 @@ def _default_wgrad_config(shape: Shape) -> Config:
     """128 x 128 gradient tiles; token steps of 64, shorter for experts of fewer tokens."""
     t, e, _, _ = _dims(shape)
     return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": min(64, max(16, next_pow2(cdiv(t, e)))),
-            "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+            "GROUP_M": 8, "TMA": 0, "num_warps": 8, "num_stages": 3}
 
 
 _SHAPE_FIELDS = ("tokens", "experts", "hidden", "ffn", "skew")
