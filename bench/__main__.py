@@ -13,8 +13,11 @@ import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from bench.record import default_path, make_record, write_record
+
+PARTIAL_SUFFIX = ".partial"  # beside the record, while a benchmark that saves its progress runs
 
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -59,16 +62,31 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(f"bench.{name}")
     args = _parser(name, module).parse_args(argv[1:])
     started_at = datetime.now(timezone.utc)
+    command = ["python", "-m", "bench", *argv]
+    partials: list[Path] = []
+
+    def save_partial(figures: dict[str, Any]) -> None:
+        """Keep what a long benchmark has measured so far in ``<record>.partial``: a run killed or timed
+        out midway still leaves its finished parts (the complete record replaces it)."""
+        if args.no_record:
+            return
+        record = make_record(name, known[name], command, started_at, {**figures, "complete": False})
+        path = args.record or default_path(record)
+        partials.append(write_record(record, path.with_name(path.name + PARTIAL_SUFFIX)))
+
+    args.save_partial = save_partial
     try:
         figures = module.run(args)
     except ValueError as exc:
         print(f"python -m bench {name}: error: {exc}", file=sys.stderr)
         return 2
-    record = make_record(name, known[name], ["python", "-m", "bench", *argv], started_at, figures)
+    record = make_record(name, known[name], command, started_at, figures)
     print(json.dumps(figures, indent=1))
     if not args.no_record:
         path = write_record(record, args.record or default_path(record))
         print(f"record: {path}", file=sys.stderr)
+        for partial in set(partials):
+            partial.unlink(missing_ok=True)
     return 0
 
 

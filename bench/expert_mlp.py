@@ -278,6 +278,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--shapes: unknown {', '.join(unknown) or '(none given)'}; one of {', '.join(SHAPES)}")
         chosen = {name: SHAPES[name] for name in names}
     device = torch.device("cuda" if on_gpu else "cpu")
-    shapes = {name: bench_shape(shape, args.rounds, device) for name, shape in chosen.items()}
+    save_partial = getattr(args, "save_partial", lambda _figures: None)  # the runner's; absent in a direct call
+    shapes: dict[str, dict[str, Any]] = {}
+    for name, shape in chosen.items():
+        shapes[name] = bench_shape(shape, args.rounds, device)
+        save_partial({"rounds": args.rounds, "shapes": shapes})
     # the interpreter's times check the harness, not the kernels: no target is judged on them
     return {"rounds": args.rounds, "shapes": shapes, "targets": targets(shapes) if on_gpu else []}

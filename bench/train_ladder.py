@@ -184,8 +184,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {"preset": args.preset, "gbs": args.gbs, "mbs": args.mbs, "seq": args.seq,
                                "iters": args.iters, "device": device, "recompute": args.recompute, "rungs": {},
                                **({"left_out": {r: "CUDA graphs need a GPU" for r in left_out}} if left_out else {})}
+    save_partial = getattr(args, "save_partial", lambda _figures: None)  # the runner's; absent in a direct call
     for rung in rungs:
         figures["rungs"][rung] = _train_rung(rung, args, device)
+        save_partial(figures)
     if args.parity_seq:
         figures["parity"] = parity_run(args, device, [r for r in rungs if r.startswith("triton") and
                                                       r != "triton-tuned-recompute"])

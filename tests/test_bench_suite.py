@@ -63,6 +63,44 @@ def test_runner_refuses_bad_input_with_exit_2_and_writes_nothing(toy: types.Modu
     assert list(tmp_path.iterdir()) == []
 
 
+def _stepwise(monkeypatch: pytest.MonkeyPatch, fail_at: int | None) -> None:
+    """A benchmark ``steps`` that saves its progress after each of three steps, and dies at ``fail_at``."""
+    module = types.ModuleType("bench.steps", "Steps claim.")
+    module.add_arguments = lambda parser: None
+
+    def run(args: argparse.Namespace) -> dict:
+        done: dict = {"steps": []}
+        for step in range(3):
+            if step == fail_at:
+                raise KeyboardInterrupt  # the run killed midway
+            done["steps"].append(step)
+            args.save_partial(done)
+        return done
+
+    module.run = run
+    monkeypatch.setitem(sys.modules, "bench.steps", module)
+    monkeypatch.setattr(runner, "benchmarks", lambda: {"steps": "Steps claim."})
+
+
+def test_a_run_killed_midway_keeps_its_finished_steps_in_a_partial_record(monkeypatch: pytest.MonkeyPatch,
+                                                                           tmp_path: Path) -> None:
+    _stepwise(monkeypatch, fail_at=2)
+    path = tmp_path / "steps.json"
+    with pytest.raises(KeyboardInterrupt):
+        runner.main(["steps", "--record", str(path)])
+    assert not path.exists()
+    partial = read_record(tmp_path / "steps.json.partial")
+    assert partial["figures"] == {"steps": [0, 1], "complete": False}
+
+
+def test_a_finished_run_leaves_only_its_complete_record(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _stepwise(monkeypatch, fail_at=None)
+    path = tmp_path / "steps.json"
+    assert runner.main(["steps", "--record", str(path)]) == 0
+    assert read_record(path)["figures"] == {"steps": [0, 1, 2]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.json"]
+
+
 def test_no_record_prints_only(toy: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                capsys: pytest.CaptureFixture) -> None:
     monkeypatch.setattr(runner, "default_path", lambda record: tmp_path / "toy.json")

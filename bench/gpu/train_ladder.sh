@@ -7,7 +7,8 @@
 # SWEEP_GROUP=<group of bench/sweep_specs.py> sweeps that group first (bench/gpu/sweep_group.sh, into
 # $OUT/sweep) and lays its exported table over the shipped one as the user table of every rung (the
 # sweeps before the benchmark, in one run).
-# Writes the record, the plot, the plan and the logs under $OUT.
+# Writes the record, the plot, the plan and the logs under $OUT; a run cut short leaves
+# train_ladder.json.partial, the rungs it finished.
 # PARITY_SEQ=0 leaves the loss-parity runs out (throughput alone, in about half the time).
 # Usage (GPU host): source .gpubundle/install.sh && bash bench/gpu/train_ladder.sh
 # From a `git archive` export (no history of its own), set BENCH_COMMIT=<the exported commit> so the
