@@ -99,11 +99,12 @@ def peer_swiglu(gu: Any) -> Any:
 
 
 def _peer_bounds(inputs: dict[str, Any]) -> tuple[list[tuple[int, int]] | None, str]:
-    """None and ``grouped_mm`` where the installed torch runs ``_grouped_mm`` here, else the host bounds
-    and ``loop``."""
+    """None and ``grouped_mm`` where the installed torch runs ``_grouped_mm`` here, forward and backward,
+    else the host bounds and ``loop``."""
     try:
-        x, w = inputs["x"][:, :8], inputs["w2"][:, :8, :8].transpose(1, 2)
-        _grouped(x.contiguous(), w.contiguous(), inputs["offsets"], None)
+        x = inputs["x"][:, :8].contiguous().requires_grad_()
+        w = inputs["w2"][:, :8, :8].transpose(1, 2).contiguous().requires_grad_()
+        _grouped(x, w, inputs["offsets"], None).float().sum().backward()
         return None, "grouped_mm"
     except (RuntimeError, NotImplementedError):
         offsets = inputs["offsets"].tolist()
