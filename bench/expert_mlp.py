@@ -32,6 +32,12 @@ import statistics
 import time
 from typing import Any, Callable
 
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kernels.grouped_gemm import SWIGLU_CLAMP, expert_loads, expert_mlp
+
 SHAPES = {
     "v4-flash-ep8": {"tokens": 24576, "experts": 32, "hidden": 4096, "ffn": 2048},
     "v4-pro-ep8": {"tokens": 24576, "experts": 48, "hidden": 7168, "ffn": 3072},
@@ -53,16 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a small shape on whatever device there is (the CPU: under TRITON_INTERPRET=1)")
 
 
-def expert_inputs(shape: dict[str, int], device: Any, seed: int = 0) -> dict[str, Any]:
+def expert_inputs(shape: dict[str, int], device: torch.device, seed: int = 0) -> dict[str, Tensor]:
     """Balanced loads, unit-size activations, weights scaled by 1/sqrt(fan-in), an output gradient."""
-    import torch
-
-    from kernels.grouped_gemm import expert_loads
-
     gen = torch.Generator(device="cpu").manual_seed(seed)
     t, e, d, f = shape["tokens"], shape["experts"], shape["hidden"], shape["ffn"]
 
-    def randn(*size: int, std: float = 1.0) -> Any:
+    def randn(*size: int, std: float = 1.0) -> Tensor:
         return (torch.randn(*size, generator=gen) * std).to(device=device, dtype=torch.bfloat16)
 
     counts = expert_loads(t, e, 0, gen).cumsum(0)
@@ -71,34 +73,27 @@ def expert_inputs(shape: dict[str, int], device: Any, seed: int = 0) -> dict[str
             "w2": randn(e, d, f, std=f ** -0.5), "dy": randn(t, d)}
 
 
-def _grouped(a: Any, b: Any, offsets: Any, bounds: list[tuple[int, int]] | None) -> Any:
+def _grouped(a: Tensor, b: Tensor, offsets: Tensor | None, bounds: list[tuple[int, int]] | None) -> Tensor:
     """``a[rows of e] @ b[e]`` per expert: ``torch._grouped_mm``, or one ``torch.mm`` each given ``bounds``."""
-    import torch
-
     if bounds is None:
         return torch._grouped_mm(a, b, offs=offsets[1:])
     return torch.cat([a[s:e] @ b[i] for i, (s, e) in enumerate(bounds)])
 
 
-def peer_mlp(x: Any, offsets: Any, weights: Any, w13: Any, w2: Any, bounds: list[tuple[int, int]] | None) -> Any:
+def peer_mlp(x: Tensor, offsets: Tensor, weights: Tensor, w13: Tensor, w2: Tensor,
+             bounds: list[tuple[int, int]] | None) -> Tensor:
     """The peer's forward: grouped GEMMs with the clamped SwiGLU and routing weight in eager PyTorch."""
-    import torch
-
     a = peer_swiglu(_grouped(x, w13.transpose(1, 2), offsets, bounds))
     return (_grouped(a, w2.transpose(1, 2), offsets, bounds) * weights[:, None]).to(torch.bfloat16)
 
 
-def peer_swiglu(gu: Any) -> Any:
+def peer_swiglu(gu: Tensor) -> Tensor:
     """The clamped SwiGLU of ``gu = [g, u]`` in eager PyTorch (in ``gu``'s dtype)."""
-    import torch.nn.functional as F
-
-    from kernels.grouped_gemm import SWIGLU_CLAMP
-
     g, u = gu.chunk(2, dim=-1)
     return F.silu(g.clamp(max=SWIGLU_CLAMP)) * u.clamp(-SWIGLU_CLAMP, SWIGLU_CLAMP)
 
 
-def _peer_bounds(inputs: dict[str, Any]) -> tuple[list[tuple[int, int]] | None, str]:
+def _peer_bounds(inputs: dict[str, Tensor]) -> tuple[list[tuple[int, int]] | None, str]:
     """None and ``grouped_mm`` where the installed torch runs ``_grouped_mm`` here, forward and backward,
     else the host bounds and ``loop``."""
     try:
@@ -115,9 +110,7 @@ class Variant:
     """One implementation in one gradient mode: ``forward()`` and ``forward_backward()`` closures over
     the shape's inputs, each returning what parity compares."""
 
-    def __init__(self, impl: str, mode: str, inputs: dict[str, Any], bounds: list[tuple[int, int]] | None):
-        import torch
-
+    def __init__(self, impl: str, mode: str, inputs: dict[str, Tensor], bounds: list[tuple[int, int]] | None):
         self.impl, self.mode, self.bounds = impl, mode, bounds
         self.x = inputs["x"].detach().requires_grad_()
         self.weights = inputs["weights"].detach().requires_grad_()
@@ -127,20 +120,16 @@ class Variant:
         self.buffers = ((torch.zeros_like(self.w13, dtype=torch.float32), torch.zeros_like(self.w2, dtype=torch.float32))
                         if mode == "main_grad" else None)
 
-    def _forward(self) -> Any:
+    def _forward(self) -> Tensor:
         if self.impl == "triton":
-            from kernels.grouped_gemm import expert_mlp
-
             return expert_mlp(self.x, self.offsets, self.weights, self.w13, self.w2, self.buffers)
         return peer_mlp(self.x, self.offsets, self.weights, self.w13, self.w2, self.bounds)
 
-    def forward(self) -> tuple[Any, ...]:
+    def forward(self) -> tuple[Tensor, ...]:
         return (self._forward(),)
 
-    def forward_backward(self) -> tuple[Any, ...]:
+    def forward_backward(self) -> tuple[Tensor, ...]:
         """y, dx, dweights, dw13, dw2 (the last two the buffers' contents in main_grad mode)."""
-        import torch
-
         y = self._forward()
         fused_buffers = self.impl == "triton" and self.buffers is not None
         wrt = [self.x, self.weights] + ([] if fused_buffers else [self.w13, self.w2])
@@ -156,10 +145,8 @@ class Variant:
 OUTPUTS = ("y", "dx", "dweights", "dw13", "dw2")
 
 
-def fp32_reference(inputs: dict[str, Any]) -> tuple[Any, ...]:
+def fp32_reference(inputs: dict[str, Tensor]) -> tuple[Tensor, ...]:
     """y, dx, dweights, dw13, dw2 of the MLP in fp32 from the same bf16 inputs, one matmul per expert."""
-    import torch
-
     offsets = inputs["offsets"].tolist()
     bounds = list(zip(offsets[:-1], offsets[1:]))
     leaves = [inputs[k].detach().float().requires_grad_() for k in ("x", "weights", "w13", "w2")]
@@ -169,7 +156,7 @@ def fp32_reference(inputs: dict[str, Any]) -> tuple[Any, ...]:
     return (y.detach(), *torch.autograd.grad(y, leaves, inputs["dy"].float()))
 
 
-def errors(outputs: tuple[Any, ...], reference: tuple[Any, ...]) -> dict[str, float]:
+def errors(outputs: tuple[Tensor, ...], reference: tuple[Tensor, ...]) -> dict[str, float]:
     """Relative norm of each output's difference from the fp32 reference."""
     return {name: float((a.detach().float() - b).norm() / b.norm().clamp_min(1e-30))
             for name, a, b in zip(OUTPUTS, outputs, reference)}
@@ -205,7 +192,7 @@ def forward_flops(shape: dict[str, int]) -> float:
     return 2.0 * shape["tokens"] * shape["hidden"] * 3 * shape["ffn"]
 
 
-def bench_shape(shape: dict[str, int], rounds: int, device: Any) -> dict[str, Any]:
+def bench_shape(shape: dict[str, int], rounds: int, device: torch.device) -> dict[str, Any]:
     """Parity of the Triton path against the peer in both gradient modes, then every variant's times."""
     inputs = expert_inputs(shape, device)
     bounds, peer_name = _peer_bounds(inputs)
@@ -263,8 +250,6 @@ def targets(shapes: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every asked shape, then the targets; see the module doc."""
-    import torch
-
     on_gpu = torch.cuda.is_available()
     if not on_gpu and not args.smoke:
         raise ValueError("expert_mlp times the V4 shapes on a GPU; none is visible (--smoke runs a small shape here)")
