@@ -22,7 +22,8 @@ a rung is within bf16 noise when every step differs by at most two bf16 ulps (2^
 Eager does not fit proxy-8l at gbs 8, seq 4,096 on an H100, so parity is also measured at a size it
 fits (``--parity-seq``, ``--parity-gbs``; see ``parity_run``), against how far a one-rounding-step
 perturbation of eager's weights moves eager's own curve.
-``--plot FILE.svg`` draws throughput per rung and the loss curves from a record.
+``--repeat RUNG`` trains a rung a second time: its own run-to-run loss gap, against which a graph rung's
+gap to its twin can be read. ``--plot FILE.svg`` draws throughput per rung and the loss curves from a record.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sequence length of the loss-parity runs (eager, eager with its weights perturbed by "
                              "one bf16 step, each Triton rung); 0: none")
     parser.add_argument("--parity-gbs", type=int, default=2, help="global batch of the loss-parity runs")
+    parser.add_argument("--repeat", default="",
+                        help="comma-separated rungs to train a second time after the ladder: how far the same "
+                             "rung's losses and speed move from one run to the next")
 
 
 def rung_config(rung: str, args: argparse.Namespace, device: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -171,6 +175,17 @@ def parity_run(args: argparse.Namespace, device: str, triton_rungs: list[str]) -
     return figures
 
 
+def repeat(first: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
+    """A rung's second run against its first: the largest step-by-step loss gap and the speed ratio. The
+    floor under any other comparison of loss curves: what the same kernels move from one run to the next
+    (nondeterministic reductions, cuBLAS's choices), amplified over the run's steps."""
+    figures: dict[str, Any] = {"status": again["status"]}
+    if first.get("status") == again["status"] == "ok":
+        figures.update(losses=again["losses"], loss_vs_first_run=parity(again["losses"], first["losses"])["max_rel_diff"],
+                       speed_vs_first_run=again["tokens_per_s_per_gpu"] / first["tokens_per_s_per_gpu"])
+    return figures
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Train every rung in its own process and compare them; see the module doc."""
     import torch
@@ -181,6 +196,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rungs = [r for r in rungs if r != "triton-tuned-recompute"]
     left_out = [r for r in rungs if r.endswith(GRAPHS) and device != "cuda"]  # graphs are CUDA's
     rungs = [r for r in rungs if r not in left_out]
+    repeats = [r.strip() for r in args.repeat.split(",") if r.strip()]
+    for rung in repeats:  # before any training: a bad name costs no GPU time
+        if rung not in rungs:
+            raise ValueError(f"--repeat: {rung!r} is not a rung of this ladder ({', '.join(rungs)})")
     figures: dict[str, Any] = {"preset": args.preset, "gbs": args.gbs, "mbs": args.mbs, "seq": args.seq,
                                "iters": args.iters, "device": device, "recompute": args.recompute, "rungs": {},
                                **({"left_out": {r: "CUDA graphs need a GPU" for r in left_out}} if left_out else {})}
@@ -191,6 +210,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.parity_seq:
         figures["parity"] = parity_run(args, device, [r for r in rungs if r.startswith("triton") and
                                                       r != "triton-tuned-recompute"])
+        save_partial(figures)
+    for rung in repeats:
+        figures.setdefault("repeats", {})[rung] = repeat(figures["rungs"][rung], _train_rung(rung, args, device))
+        save_partial(figures)
     _compare(figures["rungs"])
     figures["targets"] = targets(figures)
     return figures

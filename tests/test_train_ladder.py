@@ -132,3 +132,20 @@ def test_graph_rungs_pair_with_their_defaults_and_are_left_out_without_a_gpu(mon
     figures = train_ladder.run(_args("--device", "cpu", "--rungs", "triton-tuned,triton-tuned-graphs",
                                      "--parity-seq", "0"))
     assert ran == ["triton-tuned"] and figures["left_out"] == {"triton-tuned-graphs": "CUDA graphs need a GPU"}
+
+
+def test_a_repeated_rung_measures_its_own_run_to_run_gap(monkeypatch):
+    first = train_ladder.summarize(_answer([1.0] * 4, [3.0, 2.0, 1.5], 1000.0), 1)
+    again = train_ladder.summarize(_answer([1.0] * 4, [3.0, 2.02, 1.47], 1100.0), 1)
+    gap = train_ladder.repeat(first, again)
+    assert gap["loss_vs_first_run"] == pytest.approx(0.02) and gap["speed_vs_first_run"] == pytest.approx(1.1)
+    assert train_ladder.repeat(first, {"status": "oom"}) == {"status": "oom"}
+
+    answers = iter([first, again])
+    monkeypatch.setattr(train_ladder, "_train_rung", lambda *_a, **_k: next(answers))
+    figures = train_ladder.run(_args("--device", "cpu", "--rungs", "triton-tuned", "--parity-seq", "0",
+                                     "--repeat", "triton-tuned"))
+    assert figures["repeats"]["triton-tuned"]["loss_vs_first_run"] == pytest.approx(0.02)
+    with pytest.raises(ValueError, match="--repeat: 'eager' is not a rung"):
+        train_ladder.run(_args("--device", "cpu", "--rungs", "triton-tuned", "--parity-seq", "0",
+                               "--repeat", "eager"))
