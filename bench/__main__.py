@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser(name, module).parse_args(argv[1:])
     started_at = datetime.now(timezone.utc)
     command = ["python", "-m", "bench", *argv]
-    partials: list[Path] = []
+    partials: set[Path] = set()
 
     def save_partial(figures: dict[str, Any]) -> None:
         """Keep what a long benchmark has measured so far in ``<record>.partial``: a run killed or timed
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             return
         record = make_record(name, known[name], command, started_at, {**figures, "complete": False})
         path = args.record or default_path(record)
-        partials.append(write_record(record, path.with_name(path.name + PARTIAL_SUFFIX)))
+        partials.add(write_record(record, path.with_name(path.name + PARTIAL_SUFFIX)))
 
     args.save_partial = save_partial
     try:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_record:
         path = write_record(record, args.record or default_path(record))
         print(f"record: {path}", file=sys.stderr)
-        for partial in set(partials):
+        for partial in partials:
             partial.unlink(missing_ok=True)
     return 0
 

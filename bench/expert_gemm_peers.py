@@ -22,7 +22,8 @@ from torch import Tensor
 from kernels.grouped_gemm import SWIGLU_CLAMP
 
 
-def _swiglu(gu: Tensor) -> Tensor:
+def peer_swiglu(gu: Tensor) -> Tensor:
+    """The clamped SwiGLU of ``gu = [g, u]`` in eager PyTorch, in ``gu``'s dtype: the peers' epilogue."""
     g, u = gu.chunk(2, dim=-1)
     return F.silu(g.clamp(max=SWIGLU_CLAMP)) * u.clamp(-SWIGLU_CLAMP, SWIGLU_CLAMP)
 
@@ -50,8 +51,8 @@ def _plans(name: str, x: dict[str, Tensor], offs: Tensor, bounds: list[tuple[int
         w13t = x["w13"].transpose(1, 2)  # [E, D, 2F], a view
         return {
             "grouped_mm": lambda: gm(x["x"], w13t, offs=offs),
-            "grouped_mm+epilogue": lambda: _swiglu(gm(x["x"], w13t, offs=offs)),
-            "cublas_loop": lambda: _swiglu(_loop(x["x"], x["w13"], bounds, x["w13"].shape[1], True)),
+            "grouped_mm+epilogue": lambda: peer_swiglu(gm(x["x"], w13t, offs=offs)),
+            "cublas_loop": lambda: peer_swiglu(_loop(x["x"], x["w13"], bounds, x["w13"].shape[1], True)),
         }
     if name == "expert_down_fwd":
         w2t = x["w2"].transpose(1, 2)  # [E, F, D]

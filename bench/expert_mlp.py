@@ -15,10 +15,9 @@ Two gradient modes, each variant timed in both:
   add in their epilogue, the peer adds its bf16 gradients after its backward.
 
 Before any timing, both paths' outputs and gradients (y, dx, the routing-weight and weight gradients)
-are compared at full size with the same MLP computed in fp32 (one matmul per expert): the Triton path
-passes where each of its errors is within 1% (3% under the interpreter, whose bf16 rounding truncates)
-or within twice the peer's own; a shape that fails is
-reported and not timed. Times:
+are compared at full size with the kernels' eager reference fed fp32 copies (one matmul per expert):
+the Triton path passes where each of its errors is within 1% (3% under the interpreter, whose bf16
+rounding truncates) or within twice the peer's own; a shape that fails is reported and not timed. Times:
 ``triton.testing.do_bench`` (warm-up, L2 flushed before each repetition, CUDA events) interleaved
 over ``--rounds`` rounds, the median of every sample; on a CPU (``--smoke``: the interpreter, a small
 shape) wall-clock medians, which check the harness only. Backward time is forward + backward less
@@ -33,10 +32,10 @@ import time
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from kernels.grouped_gemm import SWIGLU_CLAMP, expert_loads, expert_mlp
+from bench.expert_gemm_peers import peer_swiglu
+from kernels.grouped_gemm import expert_loads, expert_mlp, expert_mlp_reference
 
 SHAPES = {
     "v4-flash-ep8": {"tokens": 24576, "experts": 32, "hidden": 4096, "ffn": 2048},
@@ -87,12 +86,6 @@ def peer_mlp(x: Tensor, offsets: Tensor, weights: Tensor, w13: Tensor, w2: Tenso
     return (_grouped(a, w2.transpose(1, 2), offsets, bounds) * weights[:, None]).to(torch.bfloat16)
 
 
-def peer_swiglu(gu: Tensor) -> Tensor:
-    """The clamped SwiGLU of ``gu = [g, u]`` in eager PyTorch (in ``gu``'s dtype)."""
-    g, u = gu.chunk(2, dim=-1)
-    return F.silu(g.clamp(max=SWIGLU_CLAMP)) * u.clamp(-SWIGLU_CLAMP, SWIGLU_CLAMP)
-
-
 def _peer_bounds(inputs: dict[str, Tensor]) -> tuple[list[tuple[int, int]] | None, str]:
     """None and ``grouped_mm`` where the installed torch runs ``_grouped_mm`` here, forward and backward,
     else the host bounds and ``loop``."""
@@ -111,13 +104,14 @@ class Variant:
     the shape's inputs, each returning what parity compares."""
 
     def __init__(self, impl: str, mode: str, inputs: dict[str, Tensor], bounds: list[tuple[int, int]] | None):
-        self.impl, self.mode, self.bounds = impl, mode, bounds
+        self.impl, self.bounds = impl, bounds
         self.x = inputs["x"].detach().requires_grad_()
         self.weights = inputs["weights"].detach().requires_grad_()
         self.w13 = inputs["w13"].detach().requires_grad_()
         self.w2 = inputs["w2"].detach().requires_grad_()
         self.offsets, self.dy = inputs["offsets"], inputs["dy"]
-        self.buffers = ((torch.zeros_like(self.w13, dtype=torch.float32), torch.zeros_like(self.w2, dtype=torch.float32))
+        fp32 = torch.float32
+        self.buffers = ((torch.zeros_like(self.w13, dtype=fp32), torch.zeros_like(self.w2, dtype=fp32))
                         if mode == "main_grad" else None)
 
     def _forward(self) -> Tensor:
@@ -146,13 +140,11 @@ OUTPUTS = ("y", "dx", "dweights", "dw13", "dw2")
 
 
 def fp32_reference(inputs: dict[str, Tensor]) -> tuple[Tensor, ...]:
-    """y, dx, dweights, dw13, dw2 of the MLP in fp32 from the same bf16 inputs, one matmul per expert."""
-    offsets = inputs["offsets"].tolist()
-    bounds = list(zip(offsets[:-1], offsets[1:]))
+    """y, dx, dweights, dw13, dw2 of the MLP from the same bf16 inputs: the kernels' own eager reference
+    (``expert_mlp_reference``, one matmul per expert) fed fp32 copies."""
     leaves = [inputs[k].detach().float().requires_grad_() for k in ("x", "weights", "w13", "w2")]
     x, weights, w13, w2 = leaves
-    y = (_grouped(peer_swiglu(_grouped(x, w13.transpose(1, 2), None, bounds)), w2.transpose(1, 2), None, bounds)
-         * weights[:, None])
+    y = expert_mlp_reference(x, inputs["offsets"], weights, w13, w2)
     return (y.detach(), *torch.autograd.grad(y, leaves, inputs["dy"].float()))
 
 
@@ -196,8 +188,9 @@ def bench_shape(shape: dict[str, int], rounds: int, device: torch.device) -> dic
     """Parity of the Triton path against the peer in both gradient modes, then every variant's times."""
     inputs = expert_inputs(shape, device)
     bounds, peer_name = _peer_bounds(inputs)
-    reference = fp32_reference(inputs)  # before the variants' fp32 buffers: its own fp32 weights are freed by then
-    variants = {f"{impl}/{mode}": Variant(impl, mode, inputs, bounds) for impl in ("triton", "peer") for mode in GRAD_MODES}
+    reference = fp32_reference(inputs)  # before the variants' fp32 buffers: its fp32 weights are freed by then
+    variants = {f"{impl}/{mode}": Variant(impl, mode, inputs, bounds)
+                for impl in ("triton", "peer") for mode in GRAD_MODES}
     floor = PARITY_FLOOR if device.type == "cuda" else INTERPRETER_PARITY_FLOOR
     result: dict[str, Any] = {"shape": shape, "peer": peer_name, "parity": {
         mode: parity(errors(variants[f"triton/{mode}"].forward_backward(), reference),
@@ -219,9 +212,10 @@ def bench_shape(shape: dict[str, int], rounds: int, device: torch.device) -> dic
         times[name] = {"fwd_ms": fwd, "fwd_bwd_ms": both, "bwd_ms": both - fwd, "bwd_over_fwd": (both - fwd) / fwd,
                        "fwd_tflops": flops / fwd / 1e9, "fwd_bwd_tflops": 3 * flops / both / 1e9}
     result["times"] = times
-    result["triton_over_peer"] = {mode: {"fwd": times[f"peer/{mode}"]["fwd_ms"] / times[f"triton/{mode}"]["fwd_ms"],
-                                         "fwd_bwd": times[f"peer/{mode}"]["fwd_bwd_ms"] / times[f"triton/{mode}"]["fwd_bwd_ms"]}
-                                  for mode in GRAD_MODES}
+    result["triton_over_peer"] = {
+        mode: {phase: times[f"peer/{mode}"][f"{phase}_ms"] / times[f"triton/{mode}"][f"{phase}_ms"]
+               for phase in ("fwd", "fwd_bwd")}
+        for mode in GRAD_MODES}
     result["status"] = "ok"
     return result
 
@@ -242,7 +236,8 @@ def targets(shapes: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
                          "measured": f"{ratio:.2f}x ({ours['fwd_bwd_tflops']:.0f} TFLOP/s, "
                                      f"{ours['fwd_bwd_ms']:.3f} ms)",
                          "status": "met" if ratio >= TARGET_OVER_PEER else "missed"})
-            rows.append({"target": f"expert MLP backward at {name} ({mode} grads) <= {TARGET_BWD_OVER_FWD}x its forward",
+            rows.append({"target": f"expert MLP backward at {name} ({mode} grads) <= {TARGET_BWD_OVER_FWD}x "
+                                   "its forward",
                          "measured": f"{ours['bwd_over_fwd']:.2f}x ({ours['bwd_ms']:.3f} / {ours['fwd_ms']:.3f} ms)",
                          "status": "met" if ours["bwd_over_fwd"] <= TARGET_BWD_OVER_FWD else "missed"})
     return rows

@@ -345,7 +345,7 @@ def _wgrad(
     out = torch.empty_like(grad) if out is None else out
     n_experts, m, n = out.shape
     tma = tma_usable(config, a, b)
-    if tma and current_arch() != INTERPRETER_ARCH:
+    if tma:
         ensure_scratch_allocator()  # the kernel's descriptors live in Triton's global scratch
     launch(
         _grouped_wgrad_kernel,
