@@ -32,7 +32,7 @@ from search_spaces import load_space
 
 MEMORY_BOUND = ("mhc_glue_fwd", "mhc_glue_bwd", "mhc_collapse_fwd", "mhc_collapse_bwd", "mhc_expand_fwd",
                 "mhc_expand_bwd", "rope_fwd", "rope_bwd", "router_fwd", "router_bwd", "router_hash_fwd",
-                "moe_combine_fwd", "cross_entropy_fwd", "cross_entropy_bwd")
+                "moe_combine_fwd", "cross_entropy_fwd", "cross_entropy_bwd", "adamw_step")
 EXPERT_GEMMS = ("expert_up_fwd", "expert_down_fwd", "expert_down_bwd_dx", "expert_up_bwd_dx",
                 "expert_down_bwd_dw", "expert_up_bwd_dw")
 PRESETS = ("v4-flash", "v4-pro")
@@ -810,6 +810,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "gemm-warp-specialized": warp_specialized_gemm_specs,
     "memory": lambda: per_preset_specs(MEMORY_BOUND),
     "moe-combine": lambda: per_preset_specs(("moe_combine_fwd",)),
+    "adamw": lambda: per_preset_specs(("adamw_step",)),  # the optimizer's update, a rank's parameters
     # the LM head's loss at V4's vocabulary (Flash and Pro share it) and the proxy's
     "cross-entropy": lambda: [(f"{k}-{p}", spec(k, p)) for k in ("cross_entropy_fwd", "cross_entropy_bwd")
                               for p in ("v4-flash", "proxy")],

@@ -28,7 +28,7 @@ Inputs = dict[str, Any]
 BUILTIN_MODULES = (
     "kernels.rmsnorm", "kernels.sinkhorn", "kernels.mhc", "kernels.rope", "kernels.router", "kernels.grouped_gemm",
     "kernels.sparse_attention", "kernels.compressor", "kernels.indexer", "kernels.moe_combine",
-    "kernels.cross_entropy",
+    "kernels.cross_entropy", "kernels.adamw",
 )
 
 

@@ -12,8 +12,11 @@ hold only their weight.
 Main gradients live in one flat fp32 buffer, each parameter's ``main_grad`` a view of it (as
 Megatron's DDP attaches them), so a data-parallel all-reduce is one call. A post-accumulate-grad
 hook adds each ``.grad`` into ``main_grad`` and frees it, so bf16 gradients never pile up; the
-Triton expert kernels skip ``.grad`` and add into ``main_grad`` themselves. ``step`` updates the
-masters in chunks (bounded temporaries) and copies them back into the bf16 weights (rounding).
+Triton expert kernels skip ``.grad`` and add into ``main_grad`` themselves.
+
+The weights, too, become views of flat buffers, one per weight dtype, in the masters' order, so that
+``step`` rewrites them as it updates the masters: with ``fused``, in one pass of the Triton kernel
+(``kernels.adamw``, 30 bytes a parameter); without, by the eager ops of its reference, in chunks.
 
 Gradient clipping is global: ``grad_sq`` gives this rank's sum of squares, the caller sums it
 over the pipeline ranks and passes ``clip_coefficient(total, max_norm)`` to ``step``. Muon (V4's
@@ -22,14 +25,29 @@ pretraining optimizer for most matrices) is not implemented.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Iterable
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from kernels.adamw import AdamWHyper, adamw_step_, adamw_step_reference_
+
 BYTES_PER_PARAM = 2 + 4 + 4 + 4 + 4  # bf16 weight, fp32 main grad, fp32 master, two fp32 moments
-_CHUNK = 1 << 24  # elements updated at once: bounds the step's fp32 temporaries to ~128 MB
+
+
+@dataclass(frozen=True)
+class _WeightGroup:
+    """The parameters of one weight dtype: elements ``start:stop`` of the flat fp32 buffers, those
+    before ``decayed_stop`` (the matrices) under weight decay, their weights views of ``weights``."""
+
+    start: int
+    stop: int
+    decayed_stop: int
+    weights: Tensor
 
 
 def clip_coefficient(grad_sq_total: float, max_norm: float | None) -> float:
@@ -44,14 +62,13 @@ class MixedPrecisionAdamW:
     """AdamW over fp32 masters of ``params`` (see the module doc); weight decay on matrices only."""
 
     def __init__(self, params: Iterable[nn.Parameter], lr: float, betas: tuple[float, float] = (0.9, 0.95),
-                 eps: float = 1e-8, weight_decay: float = 0.1):
+                 eps: float = 1e-8, weight_decay: float = 0.1, fused: bool = False):
         unique = list({id(p): p for p in params if p.requires_grad}.values())
         if not unique:
             raise ValueError("no trainable parameters")
-        # matrices first, so that weight decay applies to one prefix of the flat buffers
-        self.params = sorted(unique, key=lambda p: p.dim() < 2)
-        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
-        self.decayed = sum(p.numel() for p in self.params if p.dim() >= 2)
+        # grouped by weight dtype, matrices first in each group: weight decay applies to a prefix of each
+        self.params = sorted(unique, key=lambda p: (str(p.dtype), p.dim() < 2))
+        self.lr, self.betas, self.eps, self.weight_decay, self.fused = lr, betas, eps, weight_decay, fused
         total = sum(p.numel() for p in self.params)
         device = self.params[0].device
         self.main_grads = torch.zeros(total, dtype=torch.float32, device=device)
@@ -59,48 +76,55 @@ class MixedPrecisionAdamW:
         self.exp_avg = torch.zeros_like(self.master)
         self.exp_avg_sq = torch.zeros_like(self.master)
         self.steps = 0
-        self._slices: list[tuple[nn.Parameter, slice]] = []
+        self._groups: list[_WeightGroup] = []
         offset = 0
-        for p in self.params:
-            part = slice(offset, offset + p.numel())
-            offset += p.numel()
-            self._slices.append((p, part))
-            self.master[part].copy_(p.detach().flatten())
-            p.main_grad = self.main_grads[part].view_as(p)
-            p.register_post_accumulate_grad_hook(_accumulate)
+        for dtype in dict.fromkeys(p.dtype for p in self.params):
+            members = [p for p in self.params if p.dtype == dtype]
+            size = sum(p.numel() for p in members)
+            group = _WeightGroup(offset, offset + size, offset + sum(p.numel() for p in members if p.dim() >= 2),
+                                 torch.empty(size, dtype=dtype, device=device))
+            for p in members:
+                flat = p.detach().flatten()
+                self.master[offset:offset + p.numel()].copy_(flat)
+                weight = group.weights[offset - group.start:offset - group.start + p.numel()]
+                weight.copy_(flat)
+                p.data = weight.view_as(p)
+                p.main_grad = self.main_grads[offset:offset + p.numel()].view_as(p)
+                p.register_post_accumulate_grad_hook(_accumulate)
+                offset += p.numel()
+            self._groups.append(group)
+        self._parts = {id(p): slice(start, start + p.numel())
+                       for p, start in zip(self.params, itertools.accumulate((p.numel() for p in self.params), initial=0))}
+
+    def master_of(self, p: nn.Parameter) -> Tensor:
+        """The fp32 master of ``p``: a view, shaped like ``p``."""
+        return self.master[self._parts[id(p)]].view_as(p)
 
     def zero_grad(self) -> None:
         """Clear the main gradients before the next iteration's microbatches."""
         self.main_grads.zero_()
 
     def grad_sq(self, skip: Iterable[nn.Parameter] = ()) -> Tensor:
-        """Sum of squared main gradients, leaving out ``skip`` (copies whose gradient another rank counts)."""
-        total = self.main_grads.square().sum()
+        """Sum of squared main gradients, leaving out ``skip`` (copies whose gradient another rank counts).
+
+        A norm, squared: one reduction with no temporary the size of the gradients."""
+        total = torch.linalg.vector_norm(self.main_grads).square()
         for p in skip:
             if hasattr(p, "main_grad"):
-                total = total - p.main_grad.square().sum()
+                total = total - torch.linalg.vector_norm(p.main_grad).square()
         return total
 
     @torch.no_grad()
     def step(self, lr: float | None = None, grad_scale: float = 1.0) -> None:
-        """One AdamW update of the masters from ``grad_scale * main_grads``, then copy into the weights."""
-        lr = self.lr if lr is None else lr
-        beta1, beta2 = self.betas
+        """One AdamW update of the masters from ``grad_scale * main_grads``, and of the weights from them."""
         self.steps += 1
-        correction1 = 1 - beta1 ** self.steps
-        correction2_sqrt = math.sqrt(1 - beta2 ** self.steps)
-        for start in range(0, self.master.numel(), _CHUNK):
-            part = slice(start, min(start + _CHUNK, self.master.numel()))
-            grad = self.main_grads[part] * grad_scale
-            self.exp_avg[part].lerp_(grad, 1 - beta1)
-            self.exp_avg_sq[part].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            decay_end = min(max(self.decayed, start), part.stop)
-            if self.weight_decay and decay_end > start:
-                self.master[start:decay_end].mul_(1 - lr * self.weight_decay)
-            denom = self.exp_avg_sq[part].sqrt().div_(correction2_sqrt).add_(self.eps)
-            self.master[part].addcdiv_(self.exp_avg[part], denom, value=-lr / correction1)
-        for p, part in self._slices:
-            p.data.copy_(self.master[part].view_as(p))
+        hyper = AdamWHyper(lr=self.lr if lr is None else lr, beta1=self.betas[0], beta2=self.betas[1], eps=self.eps,
+                           weight_decay=self.weight_decay, step=self.steps, grad_scale=grad_scale)
+        update = adamw_step_ if self.fused else adamw_step_reference_
+        for group in self._groups:
+            part = slice(group.start, group.stop)
+            update(self.main_grads[part], self.master[part], self.exp_avg[part], self.exp_avg_sq[part],
+                   group.weights, hyper, decayed=group.decayed_stop - group.start)
 
     def state_bytes(self) -> int:
         """Bytes this optimizer adds to the weights: fp32 main gradients, masters and moments (16 a parameter)."""

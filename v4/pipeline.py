@@ -234,7 +234,7 @@ class _Run:
         else:
             self.schedule = ScheduleInterleaved1F1B(stages, microbatches, loss_fn=self._loss, scale_grads=False)
         self.optimizer = MixedPrecisionAdamW([p for m in self.modules for p in m.parameters()], run.lr,
-                                             weight_decay=run.weight_decay)
+                                             weight_decay=run.weight_decay, fused=run.kernels == "triton")
         if run.cuda_graphs:  # after the optimizer: the captured expert kernels write into its main_grad
             for module in self.modules:
                 graph_layers(list(module.layers), module.mtp, config, run.mbs, run.seq, self.device, dtype)

@@ -200,10 +200,11 @@ def _trace(piece: _Piece, device: torch.device, trace_dir: Path) -> dict | None:
     return None
 
 
-def _measure(piece: _Piece, device: torch.device, warmup: int, reps: int) -> LayerCost:
+def _measure(piece: _Piece, device: torch.device, warmup: int, reps: int, fused_optimizer: bool) -> LayerCost:
     module = piece.module
     params = list(module.parameters())
-    optimizer = MixedPrecisionAdamW(params, lr=1e-4)  # its hooks move .grad into main_grad, as in training
+    # its hooks move .grad into main_grad, as in training; fused with the Triton kernels, as training's is
+    optimizer = MixedPrecisionAdamW(params, lr=1e-4, fused=fused_optimizer)
     forward = lambda inputs: module(*inputs)  # noqa: E731
     recomputed = lambda inputs: checkpoint(module, *inputs, use_reentrant=False)  # noqa: E731
 
@@ -274,7 +275,7 @@ def profile_layers(config: ModelConfig, seq: int, mbs: int = 1, ep: int = 1, ker
     for build in _pieces(config, local, seq, mbs, kernels, device, dtype):
         piece = build()
         on_piece(piece.kind)
-        costs.append(_measure(piece, device, warmup, reps))
+        costs.append(_measure(piece, device, warmup, reps, fused_optimizer=kernels == "triton"))
         if trace_dir is not None and (share := _trace(piece, device, trace_dir)) is not None:
             shares.append(with_timed_ms(share, costs[-1].forward_ms + costs[-1].backward_ms))
             # written after each piece: a run cut short keeps the kinds it finished
