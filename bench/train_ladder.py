@@ -22,6 +22,9 @@ a rung is within bf16 noise when every step differs by at most two bf16 ulps (2^
 Eager does not fit proxy-8l at gbs 8, seq 4,096 on an H100, so parity is also measured at a size it
 fits (``--parity-seq``, ``--parity-gbs``; see ``parity_run``), against how far a one-rounding-step
 perturbation of eager's weights moves eager's own curve.
+``--profile-step`` adds one iteration per rung under ``torch.profiler`` (left out of its figures): the step's
+device time by class (GEMMs, attention, the rest, the rest's largest kernels by name) and how busy the
+device was over that step's wall time.
 ``--repeat RUNG`` trains a rung a second time: its own run-to-run loss gap, against which a graph rung's
 gap to its twin can be read. ``--plot FILE.svg`` draws throughput per rung and the loss curves from a record.
 """
@@ -66,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", default="",
                         help="comma-separated rungs to train a second time after the ladder: how far the same "
                              "rung's losses and speed move from one run to the next")
+    parser.add_argument("--profile-step", action="store_true",
+                        help="profile one more step per rung: where its device time went (step_profile)")
 
 
 def rung_config(rung: str, args: argparse.Namespace, device: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -76,7 +81,7 @@ def rung_config(rung: str, args: argparse.Namespace, device: str) -> tuple[dict[
                warmup_iters=args.warmup_iters, device=device, seed=0,
                kernels="eager" if rung == "eager" else "triton",
                recompute=args.recompute if rung == "triton-tuned-recompute" else "none",
-               cuda_graphs=rung.endswith(GRAPHS))
+               cuda_graphs=rung.endswith(GRAPHS), profile_step=getattr(args, "profile_step", False))
     env = {"TUNER_TABLES": "off"} if rung.startswith("triton-defaults") else {}
     return run, env
 
@@ -126,7 +131,21 @@ def summarize(answer: dict[str, Any], warmup_iters: int) -> dict[str, Any]:
         model_tflops_per_gpu=result["model_tflops_per_gpu"],
         peak_allocated_gib=max(peaks) / 2**30 if peaks else None,
         losses=result["losses"])
+    if result.get("profiled_step"):
+        figures["step_profile"] = step_profile(result["profiled_step"])
     return figures
+
+
+STEP_PROFILE_TOP = 12  # the remainder's largest kernels named in a rung's step profile
+
+
+def step_profile(profiled: dict[str, Any]) -> dict[str, Any]:
+    """A profiled step's time by class (``tuner.train.kernel_shares``) and the share of its wall time the
+    device was busy (on a CPU run: the ops' self time, so busy is the share spent in ops)."""
+    from tuner.train.kernel_shares import time_shares, with_timed_ms
+
+    shares = time_shares(profiled["by_name_us"].items(), top=STEP_PROFILE_TOP)
+    return with_timed_ms(shares, profiled["wall_s"] * 1e3)
 
 
 def _train_rung(rung: str, args: argparse.Namespace, device: str, weight_noise: float = 0.0) -> dict[str, Any]:
@@ -155,7 +174,7 @@ def parity_run(args: argparse.Namespace, device: str, triton_rungs: list[str]) -
     here. A Triton rung is within noise when its gap to eager stays within that, or within two bf16
     ulps (2^-7) where the perturbation moves it less.
     """
-    small = argparse.Namespace(**{**vars(args), "seq": args.parity_seq, "gbs": args.parity_gbs})
+    small = argparse.Namespace(**{**vars(args), "seq": args.parity_seq, "gbs": args.parity_gbs, "profile_step": False})
     runs = {name: _train_rung(rung, small, device, noise) for name, rung, noise in
             (("eager", "eager", 0.0), ("eager-perturbed", "eager", WEIGHT_NOISE),
              *((rung, rung, 0.0) for rung in triton_rungs))}

@@ -65,13 +65,25 @@ def test_a_failed_rung_is_reported_not_compared():
     assert failed == {"status": "oom", "tables": {}, "message": "CUDA out of memory"}
 
 
-def test_an_eager_rung_trains_in_its_own_process():
+def test_an_eager_rung_trains_in_its_own_process_and_profiles_one_more_step():
     figures = train_ladder.run(_args("--preset", "tiny", "--gbs", "1", "--seq", "64", "--iters", "2",
-                                     "--warmup-iters", "1", "--device", "cpu", "--rungs", "eager", "--parity-seq", "0"))
+                                     "--warmup-iters", "1", "--device", "cpu", "--rungs", "eager", "--parity-seq", "0",
+                                     "--profile-step"))
     eager = figures["rungs"]["eager"]
     assert eager["status"] == "ok", eager
-    assert len(eager["losses"]) == 2 and all(loss > 0 for loss in eager["losses"])
+    assert len(eager["losses"]) == 2 and all(loss > 0 for loss in eager["losses"])  # the profiled step is extra
     assert eager["tokens_per_s_per_gpu"] > 0 and eager["tables"]["kernels"] == "eager"
+    profile = eager["step_profile"]  # on the CPU, the ops' self time
+    assert profile["total_ms"] > 0 and profile["timed_ms"] > 0 and profile["device_busy"] > 0
+    assert any(row["name"].startswith("aten::") for row in profile["other_top"])
+
+
+def test_a_step_profile_splits_device_time_by_class_and_says_how_busy_the_device_was():
+    profile = train_ladder.step_profile({"wall_s": 1.25e-3, "by_name_us": {
+        "nvjet_tst_128x256_gemm": 600.0, "_sparse_attn_fwd_kernel": 200.0, "_adamw_kernel": 150.0, "vectorized_add": 50.0}})
+    assert (profile["gemm_ms"], profile["attention_ms"], profile["other_ms"]) == (0.6, 0.2, 0.2)
+    assert profile["device_busy"] == 0.8 and profile["total_over_gemm_and_attention"] == 1.25
+    assert [row["name"] for row in profile["other_top"]] == ["_adamw_kernel", "vectorized_add"]
 
 
 def test_targets_judge_the_measured_rungs_and_say_when_eager_is_missing():

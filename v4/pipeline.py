@@ -85,6 +85,9 @@ class RunConfig(BaseModel):
     cuda_graphs: bool = Field(False, description=(
         "capture each layer's forward and backward as CUDA graphs, replayed per microbatch (v4.graphs): "
         "the host's launches stop limiting the step; needs pp 1, the Triton kernels, no recompute, CUDA"))
+    profile_step: bool = Field(False, description=(
+        "after the measured iterations, one more under torch.profiler: where that step's time went, by kernel "
+        "(RunResult.profiled_step); it is left out of every other figure"))
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -129,6 +132,15 @@ class StageMemory(BaseModel):
     peak_reserved_bytes: int | None = None
 
 
+class ProfiledStep(BaseModel):
+    """One iteration under ``torch.profiler``: its wall time, and the summed microseconds of each name
+    that ran: on CUDA every device activity (kernels, copies, memsets; a CUDA graph's kernels one by
+    one), on the CPU every op's self time. Their sum against the wall time is how busy the device was."""
+
+    wall_s: float
+    by_name_us: dict[str, float]
+
+
 class RunResult(BaseModel):
     """What a run measured; ``status`` ok, oom (``stage`` says where) or error (``message`` says what)."""
 
@@ -146,6 +158,7 @@ class RunResult(BaseModel):
     stage_memory: list[StageMemory] = Field(default_factory=list)
     tokens_per_s_per_gpu: float | None = None
     model_tflops_per_gpu: float | None = None
+    profiled_step: ProfiledStep | None = None
 
 
 class _Grid:
@@ -329,6 +342,7 @@ def train(run: RunConfig) -> RunResult:
             losses.append(state.step(iteration, meter))
             _synchronize(state.device)
             times.append(time.perf_counter() - start)
+        profiled = _profiled_step(state, run.iters, meter) if run.profile_step else None
     except Exception as exc:  # a peer's failure reaches this rank as a communication error
         oom = _out_of_memory(exc)
         if oom is not None:  # stage i runs on rank i % pp: this rank's first stage is its pipeline rank
@@ -343,7 +357,31 @@ def train(run: RunConfig) -> RunResult:
         status="ok", **shape, iteration_times_s=times,
         losses=[float(x[0]) for x in losses], mtp_losses=[float(x[1]) for x in losses],
         stage_memory=[m for m in memory if m.rank < grid.pp],
-        tokens_per_s_per_gpu=tokens_per_s, model_tflops_per_gpu=tokens_per_s * flops / 1e12)
+        tokens_per_s_per_gpu=tokens_per_s, model_tflops_per_gpu=tokens_per_s * flops / 1e12, profiled_step=profiled)
+
+
+def _profiled_step(state: _Run, iteration: int, meter: SavedActivations) -> ProfiledStep:
+    """Iteration ``iteration`` under the profiler (see ``ProfiledStep``)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = state.device.type == "cuda"
+    _synchronize(state.device)
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        state.step(iteration, meter)
+        _synchronize(state.device)
+        wall_s = time.perf_counter() - start
+    by_name: dict[str, float] = {}
+    for event in prof.events():
+        if cuda and event.device_type == DeviceType.CUDA:
+            us = event.time_range.elapsed_us()
+        elif not cuda and event.device_type == DeviceType.CPU:
+            us = event.self_cpu_time_total
+        else:
+            continue
+        by_name[event.name] = by_name.get(event.name, 0.0) + us
+    return ProfiledStep(wall_s=wall_s, by_name_us=by_name)
 
 
 def _out_of_memory(exc: BaseException) -> torch.OutOfMemoryError | None:
