@@ -306,9 +306,35 @@ def _compare(rungs: dict[str, dict[str, Any]]) -> None:
             rung["speedup_over_eager_launches"] = rung["tokens_per_s_per_gpu"] / twin["tokens_per_s_per_gpu"]
 
 
+STEP_CLASSES = (("gemm_ms", "GEMMs", "#1f77b4"), ("attention_ms", "attention", "#2ca02c"),
+                ("other_ms", "the rest", "#ff7f0e"), ("idle_ms", "device idle", "#ddd"))
+
+
+def _step_panel(rungs: dict[str, dict[str, Any]], top: int, width: int) -> list[str]:
+    """Below the two panels: each profiled rung's step as one bar, split into its classes' device time
+    and the time the device sat idle, to one scale."""
+    profiles = {name: r["step_profile"] for name, r in rungs.items() if r.get("step_profile")}
+    longest = max(p["timed_ms"] for p in profiles.values())
+    parts = [f'<text x="8" y="{top}">one profiled step (ms): ' + ", ".join(
+        f'<tspan fill="{color}">{label}</tspan>' for _, label, color in STEP_CLASSES) + "</text>"]
+    for row, (name, p) in enumerate(profiles.items()):
+        y, x = top + 10 + row * 18, 170.0
+        parts.append(f'<text x="8" y="{y + 11}" font-size="9">{name}</text>')
+        idle = max(p["timed_ms"] - p["total_ms"], 0.0)
+        for key, _, color in STEP_CLASSES:
+            w = (width - 240) * (idle if key == "idle_ms" else p[key]) / longest
+            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="13" fill="{color}"/>')
+            x += w
+        parts.append(f'<text x="{x + 4:.1f}" y="{y + 11}" font-size="9">{p["timed_ms"]:.0f}</text>')
+    return parts
+
+
 def plot_svg(figures: dict[str, Any], width: int = 720, height: int = 300) -> str:
-    """Two panels: model TFLOP/s per GPU per rung (bars), and every rung's loss curve."""
+    """Two panels: model TFLOP/s per GPU per rung (bars), and every rung's loss curve; below them, where
+    rungs were profiled (``--profile-step``), each one's step split by kernel class."""
     rungs = {name: r for name, r in figures["rungs"].items() if r.get("status") == "ok"}
+    profiled = sum(1 for r in rungs.values() if r.get("step_profile"))
+    panels_height, height = height, height + (30 + 18 * profiled if profiled else 0)
     half = width // 2
     parts = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
              'xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="11">',
@@ -319,20 +345,22 @@ def plot_svg(figures: dict[str, Any], width: int = 720, height: int = 300) -> st
     top = max((r["model_tflops_per_gpu"] for r in rungs.values()), default=1.0) or 1.0
     bar = (half - 40) / max(len(rungs), 1)
     for i, (name, r) in enumerate(rungs.items()):
-        h = (height - 80) * r["model_tflops_per_gpu"] / top
-        x, y = 20 + i * bar, height - 50 - h
+        h = (panels_height - 80) * r["model_tflops_per_gpu"] / top
+        x, y = 20 + i * bar, panels_height - 50 - h
         parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar * 0.7:.1f}" height="{h:.1f}" fill="{colors[i % len(colors)]}"/>')
         parts.append(f'<text x="{x:.1f}" y="{y - 4:.1f}">{r["model_tflops_per_gpu"]:.1f}</text>')
-        parts.append(f'<text x="{x:.1f}" y="{height - 36}" font-size="9">{name}</text>')
+        parts.append(f'<text x="{x:.1f}" y="{panels_height - 36}" font-size="9">{name}</text>')
     curves = [r["losses"] for r in rungs.values()]
     if curves and curves[0]:
         low, high = min(min(c) for c in curves), max(max(c) for c in curves)
         span, steps = (high - low) or 1.0, max(len(c) for c in curves)
         for i, losses in enumerate(curves):
             points = " ".join(f"{half + 20 + (half - 40) * s / max(steps - 1, 1):.1f},"
-                              f"{30 + (height - 80) * (high - v) / span:.1f}" for s, v in enumerate(losses))
+                              f"{30 + (panels_height - 80) * (high - v) / span:.1f}" for s, v in enumerate(losses))
             parts.append(f'<polyline points="{points}" fill="none" stroke="{colors[i % len(colors)]}" stroke-width="1.2"/>')
-        parts.append(f'<text x="{half + 20}" y="{height - 36}">{low:.3f} .. {high:.3f} over {steps} steps</text>')
+        parts.append(f'<text x="{half + 20}" y="{panels_height - 36}">{low:.3f} .. {high:.3f} over {steps} steps</text>')
+    if profiled:
+        parts += _step_panel(rungs, panels_height - 10, width)
     parts.append("</svg>")
     return "\n".join(parts)
 

@@ -4,6 +4,7 @@ figures come from the run's result, and loss parity flags a rung that leaves bf1
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -84,6 +85,12 @@ def test_a_step_profile_splits_device_time_by_class_and_says_how_busy_the_device
     assert (profile["gemm_ms"], profile["attention_ms"], profile["other_ms"]) == (0.6, 0.2, 0.2)
     assert profile["device_busy"] == 0.8 and profile["total_over_gemm_and_attention"] == 1.25
     assert [row["name"] for row in profile["other_top"]] == ["_adamw_kernel", "vectorized_add"]
+    rungs = {"triton-tuned": {**train_ladder.summarize(_answer([1.0] * 4, [5.0, 4.0], 300.0), 1), "step_profile": profile},
+             "eager": train_ladder.summarize(_answer([1.0] * 4, [5.0, 4.0], 100.0), 1)}
+    svg = train_ladder.plot_svg({"preset": "tiny", "gbs": 2, "seq": 64, "device": "cuda", "rungs": rungs})
+    # the profiled rung's bar: GEMMs 0.6, attention 0.2, the rest 0.2, idle 0.25 of a 1.25 ms step, to scale
+    widths = [float(w) for w in re.findall(r'<rect x="[\d.]+" y="(?:3\d\d)" width="([\d.]+)" height="13"', svg)]
+    assert widths == pytest.approx([480 * f / 1.25 for f in (0.6, 0.2, 0.2, 0.25)], abs=0.1)
 
 
 def test_targets_judge_the_measured_rungs_and_say_when_eager_is_missing():
