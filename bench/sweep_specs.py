@@ -804,7 +804,19 @@ def untuned_gemm_specs() -> list[tuple[str, dict]]:
     return specs
 
 
+def model_specs(preset: str, seq: int = 4096, trials: int = 12) -> list[tuple[str, dict]]:
+    """TPE sweeps of the launches ``preset``'s training step (mbs 1, EP 1) makes at shapes the committed
+    sm_90 table has no entry for (``tuner sweep shapes``): the proxy's widths match none of the Flash and
+    Pro presets' exact fields, so most of its launches ran their defaults with the tuned table."""
+    from tuner.train.model_shapes import model_launches, sweep_specs
+    from v4.config import load_preset
+
+    missing = [launch for launch in model_launches(load_preset(preset), seq, 1, 1, "sm_90") if launch.source == "default"]
+    return [(f"{body['kernel']}-{preset}", body) for body in sweep_specs(missing, "sm_90", trials)]
+
+
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
+    "proxy-8l": lambda: model_specs("proxy-8l"),
     "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
     "gemm-untuned": untuned_gemm_specs,
     "gemm-warp-specialized": warp_specialized_gemm_specs,

@@ -162,8 +162,12 @@ def launch(
     Running and compiling share this one call so that the binary a sweep compiles ahead
     of time is exactly the one its launch later finds in the cache. The interpreter has
     nothing to compile, so ``compile_only`` is a no-op there; an empty grid (no rows)
-    launches nothing, since CUDA rejects it.
+    launches nothing, since CUDA rejects it, and neither does a first argument on the meta device:
+    a model run on meta tensors goes through every lookup and launch with the shapes alone
+    (``tuner.train.model_shapes``).
     """
+    if getattr(args[0], "is_meta", False):
+        return
     options = {**constexprs, **launch_options(config)}
     environment = compiler_environment(config)
     if compile_only:

@@ -24,6 +24,7 @@ and the arch are imported by the first lookup.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -31,7 +32,7 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 if TYPE_CHECKING:
     from kernels.registry import Shape, TunableKernel
@@ -278,12 +279,34 @@ def _resolve_cached(
     return kernel.default_config(shape), "default"
 
 
+_recorders: list[list[tuple[str, Shape]]] = []
+
+
 def resolve(kernel: str, shape: Shape) -> tuple[dict[str, Any], Source]:
     """The launch config for ``kernel`` at ``shape`` on the running arch, and where it came from."""
     from kernels.arch import current_arch  # a dict hit after the first lookup
 
+    for asked in _recorders:
+        asked.append((kernel, dict(shape)))
     config, source = _resolve_cached(kernel, tuple(sorted(shape.items())), current_arch())
     return dict(config), source
+
+
+@contextlib.contextmanager
+def recorded_lookups() -> Iterator[list[tuple[str, Shape]]]:
+    """Inside ``with``, every ``resolve`` call's (kernel, shape), in order, repeats included."""
+    asked: list[tuple[str, Shape]] = []
+    _recorders.append(asked)
+    try:
+        yield asked
+    finally:
+        _recorders.remove(asked)
+
+
+def source_on(kernel: str, shape: Shape, arch: str) -> Source:
+    """Where a launch of ``kernel`` at ``shape`` on ``arch`` would take its config from: ``env``,
+    ``table`` (an entry of that arch's tables, the nearest) or ``default``."""
+    return _resolve_cached(kernel, tuple(sorted(shape.items())), arch)[1]
 
 
 def clear_cache() -> None:

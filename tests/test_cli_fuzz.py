@@ -86,6 +86,10 @@ ARGUMENT_CASES = [
     ("tables reset path in arch", ["tables", "reset", "--arch", "../file"], "--arch: '../file' is not an arch name"),
     ("tables show path in arch", ["tables", "show", "--arch", "../../x"], "--arch: '../../x' is not an arch name"),
     ("serve zero lease", ["serve", "--lease-seconds", "0"], "lease-seconds"),
+    ("sweep shapes unknown model", ["sweep", "shapes", "--model", "nope", "--seq", "64"], "unknown preset 'nope'"),
+    ("sweep shapes zero seq", ["sweep", "shapes", "--model", "tiny", "--seq", "0"], "--seq"),
+    ("sweep shapes specs a file", ["sweep", "shapes", "--model", "tiny", "--seq", "64", "--specs", "{dir}/file.txt"],
+     "file.txt"),
 ]
 
 TABLE_CASES = [

@@ -23,6 +23,7 @@ from tuner.cli.plan import plan_app
 from tuner.cli.profile import profile_app
 from tuner.cli import plan_validate as plan_validate_cli  # noqa: F401 - adds ``tuner plan validate`` to plan_app
 from tuner.cli.replay import replay
+from tuner.cli.shapes import sweep_shapes
 from tuner.cli.train import register as register_training
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ sweep_app = typer.Typer(help="Queue, run, list, inspect and cancel sweeps.", no_
 tables_app = typer.Typer(help="Inspect the tuned tables (yours over the shipped ones) and reset yours.",
                          no_args_is_help=True)
 app.add_typer(sweep_app, name="sweep")
+sweep_app.command("shapes")(sweep_shapes)
 app.add_typer(tables_app, name="tables")
 app.add_typer(plan_app, name="plan")
 register_training(app)  # tuner train ...

@@ -91,7 +91,7 @@ class LayerCost:
 
 
 @dataclass
-class _Piece:
+class Piece:
     """A module, a maker of fresh inputs, and how its outputs become the tensors to differentiate."""
 
     kind: str
@@ -106,8 +106,8 @@ def _random_grads(outputs: Tensor | tuple[Tensor, ...]) -> tuple[list[Tensor], l
     return outs, [torch.randn_like(o) * 1e-2 for o in outs]
 
 
-def _pieces(config: ModelConfig, local: ModelConfig, seq: int, mbs: int, kernels: str,
-            device: torch.device, dtype: torch.dtype) -> list[Callable[[], _Piece]]:
+def pieces(config: ModelConfig, local: ModelConfig, seq: int, mbs: int, kernels: str,
+           device: torch.device, dtype: torch.dtype) -> list[Callable[[], Piece]]:
     """Builders of one piece per kind, in model order; each builds only when called."""
     element = torch.empty((), dtype=dtype).element_size()
     streams_bytes = mbs * seq * STREAMS * config.hidden * element
@@ -118,21 +118,21 @@ def _pieces(config: ModelConfig, local: ModelConfig, seq: int, mbs: int, kernels
     def act(*shape: int) -> Tensor:
         return torch.randn(mbs, seq, *shape, device=device, dtype=dtype).requires_grad_()
 
-    def layer(layer_id: int) -> Callable[[], _Piece]:
-        def build() -> _Piece:
+    def layer(layer_id: int) -> Callable[[], Piece]:
+        def build() -> Piece:
             module = build_layer(local, layer_id, kernels, device=device, dtype=dtype)
             if layer_id == config.mtp_id:
-                return _Piece("mtp", module, lambda: (act(STREAMS, config.hidden), act(config.hidden), ids()),
+                return Piece("mtp", module, lambda: (act(STREAMS, config.hidden), act(config.hidden), ids()),
                               _random_grads, streams_bytes + mbs * seq * config.hidden * element)
-            return _Piece(layer_kind(config, layer_id), module, lambda: (act(STREAMS, config.hidden), ids()),
+            return Piece(layer_kind(config, layer_id), module, lambda: (act(STREAMS, config.hidden), ids()),
                           _random_grads, streams_bytes)
         return build
 
-    def embedding() -> _Piece:
+    def embedding() -> Piece:
         module = build_embedding(config, device, dtype)
-        return _Piece("embedding", _Streams(module), lambda: (ids(),), _random_grads, streams_bytes)
+        return Piece("embedding", _Streams(module), lambda: (ids(),), _random_grads, streams_bytes)
 
-    def head() -> _Piece:
+    def head() -> Piece:
         module = build_head(config, kernels, device, dtype)
         mtp = config.mtp_layers > 0
 
@@ -144,7 +144,7 @@ def _pieces(config: ModelConfig, local: ModelConfig, seq: int, mbs: int, kernels
             lm, mtp_loss = outputs
             return [lm + config.mtp_loss_scale * mtp_loss], [None]
 
-        return _Piece("head", module, inputs, loss, 0)
+        return Piece("head", module, inputs, loss, 0)
 
     first_of_kind: dict[str, int] = {}
     for layer_id in config.layer_ids:
@@ -177,7 +177,7 @@ def _timed(device: torch.device, fn: Callable[[], object]) -> tuple[float, objec
     return (time.perf_counter() - start_s) * 1e3, out
 
 
-def _trace(piece: _Piece, device: torch.device, trace_dir: Path) -> dict | None:
+def _trace(piece: Piece, device: torch.device, trace_dir: Path) -> dict | None:
     """One profiled forward + backward of ``piece``: a Chrome trace and the op table (see the module doc);
     on a GPU, its device time by kernel class (``tuner.train.kernel_shares``)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -200,7 +200,7 @@ def _trace(piece: _Piece, device: torch.device, trace_dir: Path) -> dict | None:
     return None
 
 
-def _measure(piece: _Piece, device: torch.device, warmup: int, reps: int, fused_optimizer: bool) -> LayerCost:
+def _measure(piece: Piece, device: torch.device, warmup: int, reps: int, fused_optimizer: bool) -> LayerCost:
     module = piece.module
     params = list(module.parameters())
     # its hooks move .grad into main_grad, as in training; fused with the Triton kernels, as training's is
@@ -272,7 +272,7 @@ def profile_layers(config: ModelConfig, seq: int, mbs: int = 1, ep: int = 1, ker
         except OSError as exc:  # before any measurement, so a bad path costs nothing
             raise ProfileError(f"trace: cannot create the folder {trace_dir}: {exc.strerror}") from None
     costs, shares = [], []
-    for build in _pieces(config, local, seq, mbs, kernels, device, dtype):
+    for build in pieces(config, local, seq, mbs, kernels, device, dtype):
         piece = build()
         on_piece(piece.kind)
         costs.append(_measure(piece, device, warmup, reps, fused_optimizer=kernels == "triton"))
