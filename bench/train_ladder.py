@@ -221,6 +221,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--repeat: {rung!r} is not a rung of this ladder ({', '.join(rungs)})")
     figures: dict[str, Any] = {"preset": args.preset, "gbs": args.gbs, "mbs": args.mbs, "seq": args.seq,
                                "iters": args.iters, "device": device, "recompute": args.recompute, "rungs": {},
+                               "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
                                **({"left_out": {r: "CUDA graphs need a GPU" for r in left_out}} if left_out else {})}
     save_partial = getattr(args, "save_partial", lambda _figures: None)  # the runner's; absent in a direct call
     for rung in rungs:
@@ -258,7 +259,8 @@ def targets(figures: dict[str, Any]) -> list[dict[str, str]]:
                                f"(2x the {H100_BASELINE_TFLOPS} measured before)",
                      "measured": f"{best['model_tflops_per_gpu']:.1f} TFLOP/s/GPU ({name}), "
                                  f"{best['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, {best['step_ms_mean']:,.0f} ms a step",
-                     "status": "met" if best["model_tflops_per_gpu"] >= goal else "missed"})
+                     "status": ("met" if best["model_tflops_per_gpu"] >= goal else "missed")
+                     if "H100" in (figures.get("gpu") or "H100") else f"not judged: an H100's target, run on {figures['gpu']}"})
     for defaults_name, tuned_name in TUNED_PAIRS:
         defaults, tuned = rungs.get(defaults_name, {}), rungs.get(tuned_name, {})
         if "speedup_over_defaults" in tuned:

@@ -102,6 +102,8 @@ def test_targets_judge_the_measured_rungs_and_say_when_eager_is_missing():
     assert rows["proxy-8l"]["status"] == "met" and "(triton-tuned)" in rows["proxy-8l"]["measured"]  # 200 >= 185
     assert rows["triton-tuned"]["status"] == "met" and rows["triton-tuned"]["measured"].startswith("2.000x")
     assert rows["Triton"]["status"] == "not measured" and "oom" in rows["Triton"]["measured"]
+    on_h200 = {row["target"].split(" ")[0]: row for row in train_ladder.targets({"rungs": rungs, "gpu": "NVIDIA H200"})}
+    assert on_h200["proxy-8l"]["status"] == "not judged: an H100's target, run on NVIDIA H200"
     rungs["triton-tuned"]["model_tflops_per_gpu"] = 90.0
     assert {row["status"] for row in train_ladder.targets({"rungs": rungs})} >= {"missed"}
 
