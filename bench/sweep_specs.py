@@ -804,19 +804,23 @@ def untuned_gemm_specs() -> list[tuple[str, dict]]:
     return specs
 
 
-def model_specs(preset: str, seq: int = 4096, trials: int = 12) -> list[tuple[str, dict]]:
-    """TPE sweeps of the launches ``preset``'s training step (mbs 1, EP 1) makes at shapes the committed
-    sm_90 table has no entry for (``tuner sweep shapes``): the proxy's widths match none of the Flash and
-    Pro presets' exact fields, so most of its launches ran their defaults with the tuned table."""
+def model_specs(preset: str, ep: int = 1, seq: int = 4096, trials: int = 12) -> list[tuple[str, dict]]:
+    """TPE sweeps of the launches ``preset``'s training step (mbs 1, expert parallelism ``ep``) makes at
+    shapes the committed sm_90 table has no entry for (``tuner sweep shapes``). The proxy's widths match
+    none of the Flash and Pro presets' exact fields (45 of its 59 launches ran their defaults with the
+    tuned table); Flash and Pro at EP 8 miss their routers' local expert counts, the shared expert, the
+    narrow RMSNorms, the up GEMM's dW and the loss (23 of 61, 27 of 61)."""
     from tuner.train.model_shapes import model_launches, sweep_specs
     from v4.config import load_preset
 
-    missing = [launch for launch in model_launches(load_preset(preset), seq, 1, 1, "sm_90") if launch.source == "default"]
+    missing = [launch for launch in model_launches(load_preset(preset), seq, 1, ep, "sm_90") if launch.source == "default"]
     return [(f"{body['kernel']}-{preset}", body) for body in sweep_specs(missing, "sm_90", trials)]
 
 
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "proxy-8l": lambda: model_specs("proxy-8l"),
+    "v4-flash-ep8": lambda: model_specs("v4-flash", ep=8),
+    "v4-pro-ep8": lambda: model_specs("v4-pro", ep=8),
     "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
     "gemm-untuned": untuned_gemm_specs,
     "gemm-warp-specialized": warp_specialized_gemm_specs,
