@@ -85,6 +85,20 @@ def test_the_command_lists_the_launches_and_writes_specs_for_the_missing(tmp_pat
     assert not list((tmp_path / "specs").glob("*.partial"))
 
 
+def test_the_command_queues_the_sweeps_it_would_write(tmp_path: Path):
+    from tuner.cli.errors import open_engine
+    from tuner.sweep import queue
+
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    result = CliRunner().invoke(app, ["--db", db, "sweep", "shapes", "--model", "tiny", "--seq", "64", "--queue"])
+    assert result.exit_code == 0, result.output
+    missing = {l.kernel for l in model_launches(TINY, 64, 1, 1, "sm_90") if l.source == "default"}
+    assert f"queued {len(missing)} sweeps (1-{len(missing)})" in " ".join(result.output.split())
+    engine = open_engine(db)
+    sweeps = [queue.get_sweep(engine, i) for i in range(1, len(missing) + 1)]
+    assert {s.kernel for s in sweeps} == missing and {s.status for s in sweeps} == {"queued"}
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--model", "nope", "--seq", "64"], "unknown preset 'nope'"),
     (["--model", "tiny", "--seq", "64", "--ep", "3"], "ep: 3 does not divide"),

@@ -11,14 +11,15 @@ import typer
 from rich.table import Table
 
 from tuner.cli import display
-from tuner.cli.errors import reporting
+from tuner.cli.errors import command_engine, reporting
 
 ERRORS = ("v4.config:PresetError", "v4.config:ModelArgumentError", "search_spaces.arch_facts:UnknownArchError",
-          "builtins:OSError")
+          "tuner.sweep.spec:SpecError", "db:DatabaseError", "builtins:OSError")
 
 
 @reporting(ERRORS)
 def sweep_shapes(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", help="preset name (v4/presets) or a YAML file of ModelConfig fields")],
     seq: Annotated[int, typer.Option(min=1, help="sequence length")],
     mbs: Annotated[int, typer.Option(min=1, help="microbatch size")] = 1,
@@ -29,6 +30,8 @@ def sweep_shapes(
              "`tuner sweep queue DIR/*.yaml`)")] = None,
     trials: Annotated[int, typer.Option(min=1, help="configs a shape in the written specs")] = 12,
     every: Annotated[bool, typer.Option("--all", help="specs for every launch, tuned ones too")] = False,
+    queue_them: Annotated[bool, typer.Option("--queue", help="queue the sweeps in the database (`tuner serve` runs "
+                                             "them, `tuner export` writes the table)")] = False,
 ) -> None:
     """The kernel launches of MODEL's training step, their shapes, and which ones ARCH's tables miss."""
     import os
@@ -53,9 +56,18 @@ def sweep_shapes(
     missing = [launch for launch in launches if launch.source == "default"]
     display.console.print(f"{len(missing)} of {len(launches)} launches of {config.name} (seq {seq}, mbs {mbs}, ep {ep}) "
                           f"run at their heuristic default on {arch}")
+    bodies = sweep_specs(launches if every else missing, arch, trials)
+    if queue_them:
+        from tuner.sweep import queue
+        from tuner.sweep.spec import parse_spec
+
+        parsed = [parse_spec(body) for body in bodies]  # all checked before any is queued
+        engine = command_engine(ctx)
+        ids = [queue.enqueue(engine, spec) for spec in parsed]
+        display.console.print(f"queued {len(ids)} sweeps ({ids[0]}-{ids[-1]}): tuner serve --drain, then "
+                              f"tuner export --arch {arch}" if ids else "nothing to queue")
     if specs is None:
         return
-    bodies = sweep_specs(launches if every else missing, arch, trials)
     specs.mkdir(parents=True, exist_ok=True)
     for n, body in enumerate(bodies, 1):
         path = specs / f"{n:02d}-{body['kernel']}.yaml"
