@@ -140,12 +140,16 @@ STEP_PROFILE_TOP = 12  # the remainder's largest kernels named in a rung's step 
 
 
 def step_profile(profiled: dict[str, Any]) -> dict[str, Any]:
-    """A profiled step's time by class (``tuner.train.kernel_shares``) and the share of its wall time the
-    device was busy (on a CPU run: the ops' self time, so busy is the share spent in ops)."""
+    """A profiled step's time by class (``tuner.train.kernel_shares``), the share of its wall time the
+    device was busy (on a CPU run: the ops' self time, so busy is the share spent in ops), and where the
+    device sat idle: its gaps summed under the activity that ended each (``idle_before_top``)."""
     from tuner.train.kernel_shares import time_shares, with_timed_ms
 
     shares = time_shares(profiled["by_name_us"].items(), top=STEP_PROFILE_TOP)
-    return with_timed_ms(shares, profiled["wall_s"] * 1e3)
+    idle = sorted(profiled.get("idle_before_us", {}).items(), key=lambda item: -item[1])
+    return {**with_timed_ms(shares, profiled["wall_s"] * 1e3),
+            "idle_ms": round(sum(us for _, us in idle) / 1e3, 4),
+            "idle_before_top": [{"name": name, "ms": round(us / 1e3, 4)} for name, us in idle[:STEP_PROFILE_TOP]]}
 
 
 def _train_rung(rung: str, args: argparse.Namespace, device: str, weight_noise: float = 0.0) -> dict[str, Any]:

@@ -79,9 +79,20 @@ def test_an_eager_rung_trains_in_its_own_process_and_profiles_one_more_step():
     assert any(row["name"].startswith("aten::") for row in profile["other_top"])
 
 
+def test_idle_gaps_are_the_time_no_stream_covers_named_by_what_ended_them():
+    from v4.pipeline import idle_gaps
+
+    spans = [(0, 10, "a"), (5, 20, "b"), (25, 30, "c"), (40, 45, "d"), (42, 50, "e"), (60, 61, "c")]
+    assert idle_gaps(spans) == {"c": 5 + 10, "d": 10}  # 20-25 and 50-60 before c, 30-40 before d
+    assert idle_gaps(list(reversed(spans))) == idle_gaps(spans) and idle_gaps([]) == {}
+
+
 def test_a_step_profile_splits_device_time_by_class_and_says_how_busy_the_device_was():
     profile = train_ladder.step_profile({"wall_s": 1.25e-3, "by_name_us": {
-        "nvjet_tst_128x256_gemm": 600.0, "_sparse_attn_fwd_kernel": 200.0, "_adamw_kernel": 150.0, "vectorized_add": 50.0}})
+        "nvjet_tst_128x256_gemm": 600.0, "_sparse_attn_fwd_kernel": 200.0, "_adamw_kernel": 150.0, "vectorized_add": 50.0},
+        "idle_before_us": {"_adamw_kernel": 120.0, "nvjet_tst_128x256_gemm": 30.0}})
+    assert profile["idle_ms"] == 0.15 and [row["name"] for row in profile["idle_before_top"]] == [
+        "_adamw_kernel", "nvjet_tst_128x256_gemm"]
     assert (profile["gemm_ms"], profile["attention_ms"], profile["other_ms"]) == (0.6, 0.2, 0.2)
     assert profile["device_busy"] == 0.8 and profile["total_over_gemm_and_attention"] == 1.25
     assert [row["name"] for row in profile["other_top"]] == ["_adamw_kernel", "vectorized_add"]

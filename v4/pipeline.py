@@ -135,10 +135,13 @@ class StageMemory(BaseModel):
 class ProfiledStep(BaseModel):
     """One iteration under ``torch.profiler``: its wall time, and the summed microseconds of each name
     that ran: on CUDA every device activity (kernels, copies, memsets; a CUDA graph's kernels one by
-    one), on the CPU every op's self time. Their sum against the wall time is how busy the device was."""
+    one), on the CPU every op's self time. Their sum against the wall time is how busy the device was.
+    ``idle_before_us`` (CUDA): the device's idle gaps between its first and last activity, each summed
+    under the name of the activity that ended it: what the device was waiting for the host to launch."""
 
     wall_s: float
     by_name_us: dict[str, float]
+    idle_before_us: dict[str, float] = Field(default_factory=dict)
 
 
 class RunResult(BaseModel):
@@ -373,15 +376,29 @@ def _profiled_step(state: _Run, iteration: int, meter: SavedActivations) -> Prof
         _synchronize(state.device)
         wall_s = time.perf_counter() - start
     by_name: dict[str, float] = {}
+    spans: list[tuple[float, float, str]] = []
     for event in prof.events():
         if cuda and event.device_type == DeviceType.CUDA:
             us = event.time_range.elapsed_us()
+            spans.append((event.time_range.start, event.time_range.end, event.name))
         elif not cuda and event.device_type == DeviceType.CPU:
             us = event.self_cpu_time_total
         else:
             continue
         by_name[event.name] = by_name.get(event.name, 0.0) + us
-    return ProfiledStep(wall_s=wall_s, by_name_us=by_name)
+    return ProfiledStep(wall_s=wall_s, by_name_us=by_name, idle_before_us=idle_gaps(spans))
+
+
+def idle_gaps(spans: list[tuple[float, float, str]]) -> dict[str, float]:
+    """Microseconds the device sat idle before each name's activities, from ``(start, end, name)`` spans
+    that may overlap (several streams): a gap is time no span covers, after the first span starts."""
+    gaps: dict[str, float] = {}
+    covered_until = None
+    for start, end, name in sorted(spans):
+        if covered_until is not None and start > covered_until:
+            gaps[name] = gaps.get(name, 0.0) + start - covered_until
+        covered_until = end if covered_until is None else max(covered_until, end)
+    return gaps
 
 
 def _out_of_memory(exc: BaseException) -> torch.OutOfMemoryError | None:
