@@ -6,6 +6,8 @@ raylet with it, but the raylet's agents were left behind (2 a kill). ``Reaper`` 
 ``python -m workers.reaper PID``: a watcher that notes the server's descendants twice a second
 and, when its pipe from the server closes without a word (the server is gone), kills the ones
 it noted that still run. A server that ends normally tells it to go (``release``).
+It ignores SIGINT: a Ctrl-C in the terminal reaches the whole process group, and the watcher must
+outlive the server it watches (it printed a traceback and left the agents behind).
 Linux only (``/proc``); elsewhere nothing is watched.
 """
 
@@ -92,4 +94,5 @@ class Reaper:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     watch(int(sys.argv[1]))
