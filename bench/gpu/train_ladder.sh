@@ -6,7 +6,8 @@
 # recompute for one GPU (RECOMPUTE=... skips that and uses the given plan).
 # SWEEP_GROUP=<group of bench/sweep_specs.py> sweeps that group first (bench/gpu/sweep_group.sh, into
 # $OUT/sweep) and lays its exported table over the shipped one as the user table of every rung (the
-# sweeps before the benchmark, in one run).
+# sweeps before the benchmark, in one run). The table lands in $OUT/tables/sm_90.json, the sweep's database
+# and logs in $OUT/sweep.tar.gz.
 # Writes the record, the plot, the plan and the logs under $OUT; a run cut short leaves
 # train_ladder.json.partial, the rungs it finished.
 # PARITY_SEQ=0 leaves the loss-parity runs out (throughput alone, in about half the time).
@@ -20,8 +21,10 @@ out=${OUT:-/tmp/train-ladder}
 mkdir -p "$out"
 if [ -n "${SWEEP_GROUP:-}" ]; then
   OUT="$out/sweep" SWEEP_SECONDS="${SWEEP_SECONDS:-150}" bash bench/gpu/sweep_group.sh "$SWEEP_GROUP"
-  export TUNER_TABLES_DIR="$out/sweep/tables"
+  export TUNER_TABLES_DIR="$out/tables"
   mkdir -p "$TUNER_TABLES_DIR" && cp "$out/sweep/sm_90.json" "$TUNER_TABLES_DIR/sm_90.json"
+  # one archive for the sweep's database and logs: the device tool brings back 8 files of $OUT at most
+  tar -czf "$out/sweep.tar.gz" -C "$out" sweep && rm -rf "$out/sweep"
 fi
 if [ -z "${RECOMPUTE:-}" ]; then
   db="sqlite:///$out/ladder-profiles.db"
