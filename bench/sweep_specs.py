@@ -14,12 +14,17 @@ same shapes, swept once.
 
 Every sweep measures the kernel's heuristic default first (the runner enqueues it).
 
+The model groups (``proxy-8l``, ``v4-flash-ep8``, ``v4-pro-ep8``) sweep the launches of that model's step
+the committed table misses, ``MODEL_TRIALS`` TPE trials a shape (``SWEEP_TRIALS`` in the environment
+overrides it: fewer trials fit a short device call).
+
 Usage: python bench/sweep_specs.py OUT_DIR [GROUP]  (a name of ``SPEC_GROUPS`` at the end, e.g. gemm,
 memory, attention or glue-bwd-slabs; default gemm and memory)
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -804,7 +809,19 @@ def untuned_gemm_specs() -> list[tuple[str, dict]]:
     return specs
 
 
-def model_specs(preset: str, ep: int = 1, seq: int = 4096, trials: int = 12) -> list[tuple[str, dict]]:
+MODEL_TRIALS = 12
+
+
+def model_trials() -> int:
+    """``SWEEP_TRIALS`` from the environment, else ``MODEL_TRIALS``; a bad value exits with code 2."""
+    raw = os.environ.get("SWEEP_TRIALS", str(MODEL_TRIALS))
+    if not raw.isdigit() or int(raw) < 1:
+        print(f"SWEEP_TRIALS: must be a whole number >= 1, got {raw!r}", file=sys.stderr)
+        sys.exit(2)
+    return int(raw)
+
+
+def model_specs(preset: str, ep: int = 1, seq: int = 4096, trials: int = MODEL_TRIALS) -> list[tuple[str, dict]]:
     """TPE sweeps of the launches ``preset``'s training step (mbs 1, expert parallelism ``ep``) makes at
     shapes the committed sm_90 table has no entry for (``tuner sweep shapes``). The proxy's widths match
     none of the Flash and Pro presets' exact fields (45 of its 59 launches ran their defaults with the
@@ -818,9 +835,9 @@ def model_specs(preset: str, ep: int = 1, seq: int = 4096, trials: int = 12) -> 
 
 
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
-    "proxy-8l": lambda: model_specs("proxy-8l"),
-    "v4-flash-ep8": lambda: model_specs("v4-flash", ep=8),
-    "v4-pro-ep8": lambda: model_specs("v4-pro", ep=8),
+    "proxy-8l": lambda: model_specs("proxy-8l", trials=model_trials()),
+    "v4-flash-ep8": lambda: model_specs("v4-flash", ep=8, trials=model_trials()),
+    "v4-pro-ep8": lambda: model_specs("v4-pro", ep=8, trials=model_trials()),
     "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
     "gemm-untuned": untuned_gemm_specs,
     "gemm-warp-specialized": warp_specialized_gemm_specs,

@@ -126,3 +126,20 @@ def test_warp_specialized_group_sweeps_4_warp_tma_tiles_beside_what_each_shape_r
             key = registry.get(kernel).shape_key(shape)
             runs_now = registry.get(kernel).default_config(shape) | entries.get(kernel, {}).get(key, {}).get("config", {})
             assert {p: v for p, (v,) in spec.space.items()} == runs_now
+
+
+def test_model_groups_sweep_the_launches_the_table_misses_with_the_trials_asked(tmp_path, monkeypatch):
+    from tuner.train.model_shapes import model_launches
+    from v4.config import load_preset
+
+    monkeypatch.setenv("SWEEP_TRIALS", "5")
+    run_main(monkeypatch, str(tmp_path / "proxy"), "proxy-8l")
+    written = [yaml.safe_load(p.read_text()) for p in sorted((tmp_path / "proxy").glob("*.yaml"))]
+    missing = [l for l in model_launches(load_preset("proxy-8l"), 4096, 1, 1, "sm_90") if l.source == "default"]
+    assert {(w["kernel"], tuple(s.items())) for w in written for s in w["shapes"]} == {
+        (l.kernel, tuple(l.shape.items())) for l in missing}
+    assert {w["budget"]["max_trials"] for w in written} == {5}
+    monkeypatch.setenv("SWEEP_TRIALS", "0")
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(monkeypatch, str(tmp_path / "none"), "proxy-8l")
+    assert exit_info.value.code == 2 and not (tmp_path / "none").exists()
