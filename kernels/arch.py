@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:  # torch is imported by the functions that need it: the CLI reads arch names without it
     import torch
@@ -30,6 +31,25 @@ def current_arch() -> str:
     if torch.version.hip:
         return props.gcnArchName.split(":")[0]
     return f"sm_{props.major}{props.minor}"
+
+
+@contextlib.contextmanager
+def as_interpreter() -> Iterator[None]:
+    """Inside ``with``, ``current_arch()`` is ``interp`` and the kernels take the interpreter's host paths,
+    whatever device there is; the arch seen before comes back after. For runs on meta tensors, whose
+    launches return before anything compiles (``tuner.train.model_shapes``): a GPU's host paths would
+    build TMA descriptors from them."""
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    current_arch.cache_clear()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+        current_arch.cache_clear()
 
 
 def backend_of(arch: str) -> str:

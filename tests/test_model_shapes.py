@@ -4,6 +4,7 @@ config from, and the sweep specs for the ones a table misses."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,21 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path: Path):
     result = CliRunner().invoke(app, ["sweep", "shapes", *args, "--specs", str(tmp_path / "specs")])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
     assert not (tmp_path / "specs").exists()  # nothing written
+
+
+def test_the_interpreter_s_arch_is_taken_for_the_run_and_given_back(monkeypatch):
+    from kernels.arch import as_interpreter, current_arch
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    current_arch.cache_clear()
+    before = current_arch()
+    with as_interpreter():
+        assert current_arch() == "interp" and os.environ["TRITON_INTERPRET"] == "1"
+    assert current_arch() == before and os.environ["TRITON_INTERPRET"] == "0"
+    model_launches(TINY, 64, 1, 1, "sm_90")
+    assert os.environ["TRITON_INTERPRET"] == "0"
+    monkeypatch.undo()
+    current_arch.cache_clear()
 
 
 def test_a_launch_on_meta_tensors_returns_without_running():

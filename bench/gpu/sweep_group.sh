@@ -14,8 +14,7 @@ out=${OUT:-/tmp/sweep-group}
 mkdir -p "$out/specs" "$out/tables"
 db="sqlite:///$out/sweeps.db"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/device.csv" 2>&1
-# under the interpreter: a group built from a model's launches (tuner.train.model_shapes) runs it on meta tensors
-TRITON_INTERPRET=1 python3 bench/sweep_specs.py "$out/specs" "$group" || exit 1
+python3 bench/sweep_specs.py "$out/specs" "$group" || exit 1
 python3 -m tuner.cli --db "$db" sweep queue "$out"/specs/*.yaml || exit 1
 # serve is crash-safe: a trial is stored as it finishes, so a deadline loses only the trials in flight
 timeout --signal=INT "${SWEEP_SECONDS:-420}" python3 -m tuner.cli --db "$db" serve --drain > "$out/serve.log" 2>&1

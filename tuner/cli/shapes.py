@@ -34,11 +34,6 @@ def sweep_shapes(
                                              "them, `tuner export` writes the table)")] = False,
 ) -> None:
     """The kernel launches of MODEL's training step, their shapes, and which ones ARCH's tables miss."""
-    import os
-
-    # The interpreter's host paths take meta tensors everywhere (a GPU's would build TMA descriptors from
-    # them); the lookups, and so the shapes, come before any path is chosen, so they are the GPU's too.
-    os.environ["TRITON_INTERPRET"] = "1"
     import yaml
 
     from search_spaces.arch_facts import arch_facts

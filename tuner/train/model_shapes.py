@@ -10,18 +10,20 @@ kind, the embedding and the head are built on the meta device and run forward an
 ``tuner profile layers``, with the Triton kernels. A launch on meta tensors returns at once
 (``kernels.launch``), and every table lookup on the way is recorded (``kernels.tuning``). The
 optimizer's update (``adamw_step``) is left out: its shape is a stage's parameter count, and its
-lookup takes the nearest entry of any size. Run it under the interpreter (``TRITON_INTERPRET=1``, as
-the CLI does): the lookups come before any arch's own path is chosen, and the interpreter's host code
-takes meta tensors everywhere, where a GPU's would build TMA descriptors from them.
+lookup takes the nearest entry of any size. The run takes the interpreter's host paths on any machine
+(``kernels.arch.as_interpreter``): the lookups come before any arch's own path is chosen, and the
+interpreter's host code takes meta tensors everywhere, where a GPU's would build TMA descriptors from them.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from kernels.arch import as_interpreter
 from kernels.registry import Shape
 from kernels.tuning import Source, recorded_lookups, source_on
 from tuner.train.profile_layers import pieces
@@ -46,8 +48,12 @@ class Launch:
 def model_launches(config: ModelConfig, seq: int, mbs: int, ep: int, arch: str) -> list[Launch]:
     """Every distinct (launch, shape) of one forward and backward of each piece of ``config`` at
     ``seq`` tokens a sequence, ``mbs`` sequences, expert parallelism ``ep``, in first-asked order."""
+    from kernels import registry
+
+    registry.names()  # every kernel module imported (and jitted for this device) before the interpreter's arch
     local = expert_parallel_config(config, ep)
-    with recorded_lookups() as asked:
+    with as_interpreter(), recorded_lookups() as asked, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="no tuned table")  # the interpreter's: not the arch asked about
         for build in pieces(config, local, seq, mbs, "triton", META, torch.bfloat16):
             piece = build()
             roots, grads = piece.roots(piece.module(*piece.inputs()))
