@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from kernels.arch import as_interpreter
+from kernels import registry
 from kernels.registry import Shape
 from kernels.tuning import Source, recorded_lookups, source_on
 from tuner.train.profile_layers import pieces
@@ -48,8 +49,6 @@ class Launch:
 def model_launches(config: ModelConfig, seq: int, mbs: int, ep: int, arch: str) -> list[Launch]:
     """Every distinct (launch, shape) of one forward and backward of each piece of ``config`` at
     ``seq`` tokens a sequence, ``mbs`` sequences, expert parallelism ``ep``, in first-asked order."""
-    from kernels import registry
-
     registry.names()  # every kernel module imported (and jitted for this device) before the interpreter's arch
     local = expert_parallel_config(config, ep)
     with as_interpreter(), recorded_lookups() as asked, warnings.catch_warnings():
@@ -67,8 +66,6 @@ def model_launches(config: ModelConfig, seq: int, mbs: int, ep: int, arch: str) 
 def graph_timed(kernel: str, shape: Shape) -> bool:
     """Whether a sweep of ``kernel`` at ``shape`` times device time by CUDA-graph replay: a launch with no
     FLOP count, or fewer than ``MEMORY_BOUND_INTENSITY`` a byte."""
-    from kernels import registry
-
     launch = registry.get(kernel)
     return launch.flops is None or launch.flops(shape) < MEMORY_BOUND_INTENSITY * launch.bytes_moved(shape)
 
