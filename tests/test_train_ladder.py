@@ -79,6 +79,19 @@ def test_an_eager_rung_trains_in_its_own_process_and_profiles_one_more_step():
     assert any(row["name"].startswith("aten::") for row in profile["other_top"])
 
 
+def test_table_coverage_counts_the_launches_at_their_default_and_the_tuned_target_says_it():
+    coverage = train_ladder.table_coverage("tiny", 64, 1, "sm_90")
+    assert 0 < coverage["at_default"] <= coverage["launches"] and coverage["arch"] == "sm_90"
+    assert "expert_up_fwd" in coverage["kernels_at_default"]  # tiny's widths are in no table
+    rungs = {"triton-defaults": train_ladder.summarize(_answer([1.0] * 4, [3.0, 2.0], 1000.0), 1),
+             "triton-tuned": train_ladder.summarize(_answer([1.0] * 4, [3.0, 2.0], 1100.0), 1)}
+    train_ladder._compare(rungs)
+    [row] = [r for r in train_ladder.targets({"rungs": rungs, "table_coverage": coverage})
+             if r["target"].startswith("triton-tuned")]
+    assert row["measured"].endswith(f"{coverage['at_default']} of the step's {coverage['launches']} launches "
+                                    "found no table entry")
+
+
 def test_idle_gaps_are_the_time_no_stream_covers_named_by_what_ended_them():
     from v4.pipeline import idle_gaps
 
