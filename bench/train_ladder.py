@@ -84,7 +84,7 @@ def rung_config(rung: str, args: argparse.Namespace, device: str) -> tuple[dict[
                warmup_iters=args.warmup_iters, device=device, seed=0,
                kernels="eager" if rung == "eager" else "triton",
                recompute=args.recompute if rung == "triton-tuned-recompute" else "none",
-               cuda_graphs=rung.endswith(GRAPHS), profile_step=getattr(args, "profile_step", False))
+               cuda_graphs=rung.endswith(GRAPHS), profile_step=args.profile_step)
     env = {"TUNER_TABLES": "off"} if rung.startswith("triton-defaults") else {}
     return run, env
 
@@ -336,7 +336,8 @@ def _compare(rungs: dict[str, dict[str, Any]]) -> None:
 
 
 STEP_CLASSES = (("gemm_ms", "GEMMs", "#1f77b4"), ("attention_ms", "attention", "#2ca02c"),
-                ("other_ms", "the rest", "#ff7f0e"), ("idle_ms", "device idle", "#ddd"))
+                ("other_ms", "the rest", "#ff7f0e"))
+IDLE = ("device idle", "#ddd")  # the rest of the step's wall time
 
 
 def _step_panel(rungs: dict[str, dict[str, Any]], top: int, width: int) -> list[str]:
@@ -345,13 +346,14 @@ def _step_panel(rungs: dict[str, dict[str, Any]], top: int, width: int) -> list[
     profiles = {name: r["step_profile"] for name, r in rungs.items() if r.get("step_profile")}
     longest = max(p["timed_ms"] for p in profiles.values())
     parts = [f'<text x="8" y="{top}">one profiled step (ms): ' + ", ".join(
-        f'<tspan fill="{color}">{label}</tspan>' for _, label, color in STEP_CLASSES) + "</text>"]
+        f'<tspan fill="{color}">{label}</tspan>' for label, color in (*(c[1:] for c in STEP_CLASSES), IDLE))
+        + "</text>"]
     for row, (name, p) in enumerate(profiles.items()):
         y, x = top + 10 + row * 18, 170.0
         parts.append(f'<text x="8" y="{y + 11}" font-size="9">{name}</text>')
-        idle = max(p["timed_ms"] - p["total_ms"], 0.0)
-        for key, _, color in STEP_CLASSES:
-            w = (width - 240) * (idle if key == "idle_ms" else p[key]) / longest
+        segments = [(p[key], color) for key, _, color in STEP_CLASSES]
+        for ms, color in (*segments, (max(p["timed_ms"] - p["total_ms"], 0.0), IDLE[1])):
+            w = (width - 240) * ms / longest
             parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="13" fill="{color}"/>')
             x += w
         parts.append(f'<text x="{x + 4:.1f}" y="{y + 11}" font-size="9">{p["timed_ms"]:.0f}</text>')

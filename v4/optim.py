@@ -25,11 +25,9 @@ pretraining optimizer for most matrices) is not implemented.
 
 from __future__ import annotations
 
-import itertools
 import math
-from typing import Iterable
-
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 from torch import Tensor, nn
@@ -77,6 +75,7 @@ class MixedPrecisionAdamW:
         self.exp_avg_sq = torch.zeros_like(self.master)
         self.steps = 0
         self._groups: list[_WeightGroup] = []
+        self._parts: dict[int, slice] = {}  # id(p) -> p's elements of the flat buffers
         offset = 0
         for dtype in dict.fromkeys(p.dtype for p in self.params):
             members = [p for p in self.params if p.dtype == dtype]
@@ -84,17 +83,17 @@ class MixedPrecisionAdamW:
             group = _WeightGroup(offset, offset + size, offset + sum(p.numel() for p in members if p.dim() >= 2),
                                  torch.empty(size, dtype=dtype, device=device))
             for p in members:
+                part = slice(offset, offset + p.numel())
                 flat = p.detach().flatten()
-                self.master[offset:offset + p.numel()].copy_(flat)
-                weight = group.weights[offset - group.start:offset - group.start + p.numel()]
+                self.master[part].copy_(flat)
+                weight = group.weights[part.start - group.start:part.stop - group.start]
                 weight.copy_(flat)
                 p.data = weight.view_as(p)
-                p.main_grad = self.main_grads[offset:offset + p.numel()].view_as(p)
+                p.main_grad = self.main_grads[part].view_as(p)
                 p.register_post_accumulate_grad_hook(_accumulate)
-                offset += p.numel()
+                self._parts[id(p)] = part
+                offset = part.stop
             self._groups.append(group)
-        self._parts = {id(p): slice(start, start + p.numel())
-                       for p, start in zip(self.params, itertools.accumulate((p.numel() for p in self.params), initial=0))}
 
     def master_of(self, p: nn.Parameter) -> Tensor:
         """The fp32 master of ``p``: a view, shaped like ``p``."""

@@ -123,9 +123,9 @@ def pieces(config: ModelConfig, local: ModelConfig, seq: int, mbs: int, kernels:
             module = build_layer(local, layer_id, kernels, device=device, dtype=dtype)
             if layer_id == config.mtp_id:
                 return Piece("mtp", module, lambda: (act(STREAMS, config.hidden), act(config.hidden), ids()),
-                              _random_grads, streams_bytes + mbs * seq * config.hidden * element)
+                             _random_grads, streams_bytes + mbs * seq * config.hidden * element)
             return Piece(layer_kind(config, layer_id), module, lambda: (act(STREAMS, config.hidden), ids()),
-                          _random_grads, streams_bytes)
+                         _random_grads, streams_bytes)
         return build
 
     def embedding() -> Piece:
