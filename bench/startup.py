@@ -13,7 +13,9 @@ Two measurements, each in fresh processes with an empty database:
 * ``steps``: the same steps one by one in a probe process, timed apart: importing the CLI,
   validating the spec (imports torch and the kernels), opening the database, importing the sweep
   runner (Optuna, Ray), the worker pool's start (Ray, the device workers; ``WorkerPool.timings``),
-  the sweep, and the pool's shutdown.
+  the sweep, and the pool's shutdown. ``pool_start_milestones``: when, after the pool's start began, the
+  last device worker's actor started and the last pre-warmed child it adopted was ready (whichever is
+  later is what the workers' step waited on).
 
 The sweep is small on purpose (``--trials`` configs of RMSNorm forward at one shape): the figure
 is what surrounds it. Without a GPU the kernels run under the Triton interpreter on a small shape.
@@ -73,7 +75,7 @@ status = run_sweep(engine, sys.argv[2], sweep_id, owner, pool)
 step("sweep_s")
 pool.shutdown()
 step("shutdown_s")
-print(json.dumps({"steps": steps, "pool": pool.timings, "arch": pool.arch, "workers": len(pool.workers),
+print(json.dumps({"steps": steps, "pool": pool.timings, "milestones": pool.milestones, "arch": pool.arch, "workers": len(pool.workers),
                   "status": status.value, "total_s": clock() - began}))
 """
 
@@ -219,8 +221,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     median, joined = _median_command(commands), _median_command(joining) if joining else None
     steps = {key: statistics.median(p["steps"][key] for p in probes) for key in probes[0]["steps"]}
     pool = {key: statistics.median(p["pool"][key] for p in probes) for key in probes[0]["pool"]}
+    milestones = {key: statistics.median(p["milestones"][key] for p in probes) for key in probes[0]["milestones"]}
     return {"targets": targets(median, joined, gpu), "command": median, "command_joining_a_running_ray": joined,
-            "steps": steps, "pool_start": pool,
+            "steps": steps, "pool_start": pool, "pool_start_milestones": milestones,
             "arch": probes[0]["arch"], "workers": probes[0]["workers"], "trials": args.trials, "runs": args.runs,
             "shape": GPU_SHAPE if gpu else CPU_SHAPE, "target_overhead_s": TARGET_OVERHEAD_S,
             "overhead_within_target": median["overhead_s"] <= TARGET_OVERHEAD_S,

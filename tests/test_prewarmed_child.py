@@ -55,19 +55,23 @@ pool = WorkerPool.start(cpu_workers=2, num_cpus=2)  # a Ray of its own: children
 children = list(pool.prewarmed.children.values())
 folder = pool.prewarmed.folder
 adopted = [info["adopted"] for info in pool.infos]
+from ray._private import ray_constants, worker
+monitor = worker._global_node.all_processes[ray_constants.PROCESS_TYPE_MONITOR][0].process
 pool.shutdown()
 print(json.dumps({"adopted": adopted, "own_ray": pool.own_ray, "folder_left": os.path.exists(folder),
-                  "children_running": [c.poll() is None for c in children]}))
+                  "children_running": [c.poll() is None for c in children], "monitor_running": monitor.poll() is None,
+                  "milestones": sorted(pool.milestones), "ready_in_start": 0 < pool.milestones["children_ready_s"] < sum(pool.timings.values())}))
 """
 
 
-def test_a_pool_with_its_own_ray_hands_each_worker_a_prewarmed_child_and_leaves_none(tmp_path):
+def test_a_pool_with_its_own_ray_hands_each_worker_a_prewarmed_child_and_leaves_none_running(tmp_path):
     env = {**os.environ, **INTERPRET, "RAY_ADDRESS": ""}
     out = subprocess.run([sys.executable, "-c", POOL], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"adopted": [True, True], "own_ray": True, "folder_left": False,
-                      "children_running": [False, False]}
+                      "children_running": [False, False], "monitor_running": False,
+                      "milestones": ["actors_started_s", "children_ready_s"], "ready_in_start": True}
 
 
 def test_a_dead_pools_prewarm_folder_is_removed_by_the_next_pool(tmp_path, monkeypatch):

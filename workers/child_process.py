@@ -34,8 +34,9 @@ class _AdoptedChild:
     """A pre-warmed child reached through its socket: the part of ``Popen`` that ``BenchProcess`` uses.
     It is the pool's child, not this process's, so its exit code is not known here (None)."""
 
-    def __init__(self, conn: socket.socket, reader: Any, pid: int) -> None:
+    def __init__(self, conn: socket.socket, reader: Any, pid: int, ready_at: float | None) -> None:
         self._conn, self.stdout, self.pid = conn, reader, pid
+        self.ready_at = ready_at  # wall clock when its imports and device context were done
         self.stdin = conn.makefile("w", encoding="utf-8")
         self._gone = False
 
@@ -59,9 +60,11 @@ def adopt(path: str) -> tuple[_AdoptedChild, Any] | None:
         conn.settimeout(ADOPT_TIMEOUT_S)
         conn.connect(path)
         reader = conn.makefile("r", encoding="utf-8")
-        pid = int(json.loads(reader.readline())["pid"])
+        hello = json.loads(reader.readline())
         conn.settimeout(None)
-        return _AdoptedChild(conn, reader, pid), open(stderr_path(path))
+        ready_at = hello.get("ready_at")
+        child = _AdoptedChild(conn, reader, int(hello["pid"]), float(ready_at) if ready_at is not None else None)
+        return child, open(stderr_path(path))
     except (OSError, ValueError, KeyError, TypeError):
         conn.close()
         return None
@@ -77,12 +80,14 @@ class BenchProcess:
         self._adopt_from = adopt_from  # tried once, by the first start
         self.restarts = 0
         self.adopted = False
+        self.child_ready_at: float | None = None  # an adopted child's: when its own start was done
 
     def _start(self) -> subprocess.Popen[str] | _AdoptedChild:
         path, self._adopt_from = self._adopt_from, None
         if path is not None and (found := adopt(path)) is not None:
             self._proc, self._stderr = found
             self.adopted = True
+            self.child_ready_at = found[0].ready_at
             return self._proc
         self._stderr = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen(

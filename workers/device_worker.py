@@ -7,6 +7,7 @@ names the Ray node that gave it: after a node dies, Ray restarts the actor elsew
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
@@ -23,6 +24,7 @@ class DeviceWorker:
     def __init__(self, env: dict[str, str], prewarmed: str | None = None) -> None:
         """``prewarmed``: the socket of a pre-warmed child to adopt (``workers.prewarmed_child``); a
         ``{gpu}`` in it stands for the GPU Ray gave this actor."""
+        self._started_at = time.time()  # the pool reports its start against its adopted child's
         if prewarmed is not None and "{gpu}" in prewarmed:
             gpus = ray.get_gpu_ids()
             prewarmed = prewarmed.format(gpu=gpus[0]) if len(gpus) == 1 else None
@@ -33,7 +35,8 @@ class DeviceWorker:
         info = self._bench.request({"op": "describe"}, DESCRIBE_TIMEOUT_S)
         if "arch" not in info:
             raise RuntimeError(f"benchmark process failed to start: {info.get('error')}")
-        return {**info, "node": self._node, "adopted": self._bench.adopted}
+        return {**info, "node": self._node, "adopted": self._bench.adopted, "actor_started_at": self._started_at,
+                "child_ready_at": self._bench.child_ready_at}
 
     def run_trial(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         return {**self._bench.request({"op": "trial", **request}, timeout_s), "node": self._node}

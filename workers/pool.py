@@ -168,6 +168,30 @@ class PrewarmedChildren:
             child.wait()
 
 
+def _milestones(infos: list[dict[str, Any]], began_wall: float) -> dict[str, float]:
+    """Seconds after ``began_wall`` at which the last actor started and the last adopted child was ready."""
+    out = {}
+    for key, name in (("actor_started_at", "actors_started_s"), ("child_ready_at", "children_ready_s")):
+        stamps = [info[key] for info in infos if info.get(key) is not None]
+        if stamps:
+            out[name] = max(stamps) - began_wall
+    return out
+
+
+def _stop_autoscaler_monitor() -> None:
+    """Kill the autoscaler monitor of the Ray this process started. ``ray.shutdown`` stops its head's
+    processes one by one, each given a second to exit on SIGTERM, and the monitor always takes the whole
+    second (1.0 of the shutdown's 1.3 s on the CPU machine). A one-host Ray of the pool's own has nothing
+    for it to scale and nothing of it to keep. Reached through Ray's private node handle; a Ray without
+    one is left to its own shutdown."""
+    from ray._private import ray_constants, worker
+
+    node = getattr(worker, "_global_node", None)
+    for info in getattr(node, "all_processes", {}).get(ray_constants.PROCESS_TYPE_MONITOR, []):
+        info.process.kill()
+        info.process.wait()
+
+
 @dataclass
 class WorkerPool:
     """The device workers of one server, with what each reported about itself."""
@@ -182,11 +206,14 @@ class WorkerPool:
     timings: dict[str, float] = field(default_factory=dict)  # seconds per start-up step
     warming: list[Any] = field(default_factory=list)  # the compile workers' warm-ups, still running
     prewarmed: PrewarmedChildren | None = None
+    # seconds from the start's beginning to the last device worker's actor starting and to the last
+    # adopted child being ready: which of the two the workers' step waited on
+    milestones: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def start(cls, ray_address: str | None = None, cpu_workers: int = 1, num_cpus: int | None = None) -> WorkerPool:
         """Connect to (or start) Ray and start one device worker per GPU, or ``cpu_workers``."""
-        began = time.perf_counter()
+        began, began_wall = time.perf_counter(), time.time()
         address = ray_address or os.environ.get("RAY_ADDRESS")
         started = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
         # this machine's workers' children first, even before Ray's import, their own imports being the
@@ -240,7 +267,7 @@ class WorkerPool:
         timings["workers_s"] = time.perf_counter() - began - timings["import_s"] - timings["ray_s"]
         pool = cls(actors, infos, compile_ahead=not interpret, compile_slots=compile_slots,
                    runtime_env=options["runtime_env"], started_ray=started, own_ray=own_ray, timings=timings,
-                   warming=warming, prewarmed=prewarmed)
+                   warming=warming, prewarmed=prewarmed, milestones=_milestones(infos, began_wall))
         pool.arch  # noqa: B018 - fail early on a mixed pool
         return pool
 
@@ -263,6 +290,8 @@ class WorkerPool:
 
         for actor in self.workers:
             ray.kill(actor)
+        if self.own_ray:
+            _stop_autoscaler_monitor()
         if self.started_ray:
             ray.shutdown()
         if self.prewarmed is not None:

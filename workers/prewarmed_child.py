@@ -5,7 +5,7 @@ worker's child importing torch, Triton and the kernels and opening the GPU (abou
 H100 host). A pool that starts its own Ray therefore starts these children first, one per device
 it will have (``python -m workers.prewarmed_child SOCKET POOL_PID``): each binds ``SOCKET`` at
 once, imports ``workers.bench_child`` and opens its GPU while Ray comes up, accepts one connection
-(its device worker's), says its pid, and from then on is an ordinary ``bench_child`` whose stdin
+(its device worker's), says its pid and when its start was done, and from then on is an ordinary ``bench_child`` whose stdin
 and answers are that connection. It unlinks ``SOCKET`` on accepting (a restarted worker finds nothing to adopt and
 starts its own child), ends when the connection closes or its parent (the pool's process) dies,
 and gives up when nobody connects within ``ACCEPT_TIMEOUT_S``.
@@ -19,6 +19,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 from workers.parent_watch import exit_with_parent
 
@@ -48,6 +49,7 @@ def serve(path: str, parent: int) -> None:
     if bench_child.torch.cuda.is_available():
         with contextlib.suppress(RuntimeError):  # a device that fails here fails the worker's describe, by name
             bench_child.torch.empty(1, device="cuda")  # the device context: the rest of a child's start
+    ready_at = time.time()  # told to the adopter: the pool reports how long its workers waited on this
 
     listener.settimeout(ACCEPT_TIMEOUT_S)
     try:
@@ -59,7 +61,7 @@ def serve(path: str, parent: int) -> None:
             os.unlink(path)
         listener.close()
     conn.setblocking(True)
-    conn.sendall((json.dumps({"pid": os.getpid()}) + "\n").encode())
+    conn.sendall((json.dumps({"pid": os.getpid(), "ready_at": ready_at}) + "\n").encode())
     os.dup2(conn.fileno(), sys.stdin.fileno())
     os.dup2(conn.fileno(), sys.stdout.fileno())
     conn.close()
