@@ -174,3 +174,20 @@ def test_graph_capture_inputs_are_what_each_layer_takes() -> None:
         assert all(a.grad is not None for a in args if a.requires_grad)
     with pytest.raises(ValueError, match="CUDA graphs need the layers on a CUDA device, got cpu"):
         graph_layers(list(stage.layers), stage.mtp, config, 1, 16, torch.device("cpu"), torch.bfloat16)
+
+
+def test_each_step_draws_the_next_iterations_tokens_once_and_uses_them(world_of_one, monkeypatch) -> None:
+    drawn: list[int] = []
+    original = MarkovTokens.batch
+
+    def counted(self, iteration, replica, samples, seq):
+        drawn.append(iteration)
+        return original(self, iteration, replica, samples, seq)
+
+    monkeypatch.setattr(MarkovTokens, "batch", counted)
+    ahead = train(RunConfig(**BASE, iters=3))
+    monkeypatch.setattr(pipeline._Run, "_tokens", lambda self, iteration: self._draw(iteration))
+    drawn_now = len(drawn)
+    each_step = train(RunConfig(**BASE, iters=3))
+    assert drawn[:drawn_now] == [0, 1, 2, 3]  # the first step draws its own, each step the next one's
+    assert ahead.status == each_step.status == "ok" and ahead.losses == each_step.losses

@@ -260,6 +260,7 @@ class _Run:
         self.duplicates = [m.embedding.weight for m in self.modules if m.embedding is not None and not m.first]
         self.has_last = any(m.last for m in self.modules)
         self.data = MarkovTokens(config.vocab, run.seed)
+        self.drawn_ahead: tuple[int, torch.Tensor] | None = None  # (iteration, its tokens on the host)
         self.exclude = [t for m in self.modules for t in (*m.parameters(), *m.buffers())]
 
     def _loss(self, output: tuple[torch.Tensor, torch.Tensor], _target: torch.Tensor) -> torch.Tensor:
@@ -284,21 +285,35 @@ class _Run:
         for weight in self.embeddings:
             weight.main_grad.copy_(total)
 
+    def _draw(self, iteration: int) -> torch.Tensor:
+        """Iteration ``iteration``'s token batch of this replica, on the host."""
+        return self.data.batch(iteration, self.grid.replica, self.run.gbs // self.grid.dp, self.run.seq)
+
+    def _tokens(self, iteration: int) -> torch.Tensor:
+        """Iteration ``iteration``'s token batch on the host: drawn ahead by the previous step, else now."""
+        drawn, self.drawn_ahead = self.drawn_ahead, None
+        return drawn[1] if drawn is not None and drawn[0] == iteration else self._draw(iteration)
+
     def step(self, iteration: int, meter: SavedActivations) -> torch.Tensor:
-        """One training iteration; returns [lm_loss, mtp_loss] averaged over microbatches and replicas."""
-        run = self.run
-        tokens = self.data.batch(iteration, self.grid.replica, run.gbs // self.grid.dp, run.seq).to(self.device)
+        """One training iteration; returns [lm_loss, mtp_loss] averaged over microbatches and replicas.
+
+        The next iteration's tokens are drawn here, once the step's work is queued and before the host waits
+        for it: drawing a batch of the Markov chain takes the host about 60 ms (gbs 8, seq 4,096), which
+        the GPU spent idle at the start of every step when each step drew its own (``docs/findings.md``).
+        """
+        tokens = self._tokens(iteration).to(self.device)
         self.optimizer.zero_grad()
         self.records.clear()
         with meter:  # every stage gets its microbatch of tokens; the loss stage's target, see _loss
             self.schedule.step(target=tokens if self.has_last else None, tokens=tokens)
+        self.drawn_ahead = (iteration + 1, self._draw(iteration + 1))
         self._tie_embeddings()
         if self.grid.dp > 1:
             dist.all_reduce(self.optimizer.main_grads, group=self.grid.dp_group)
             self.optimizer.main_grads.div_(self.grid.dp)
         grad_sq = self.optimizer.grad_sq(skip=self.duplicates).reshape(1)
         dist.all_reduce(grad_sq, group=self.grid.pp_group)
-        self.optimizer.step(grad_scale=clip_coefficient(float(grad_sq), run.clip_grad))
+        self.optimizer.step(grad_scale=clip_coefficient(float(grad_sq), self.run.clip_grad))
         losses = torch.zeros(2, device=self.device)
         if self.records:
             losses += torch.stack(self.records).sum(0) / (self.microbatches * self.grid.dp)
