@@ -12,15 +12,18 @@ from bench.service_vs_autotune import run, targets
 WINNER = {"BLOCK_M": 1, "BLOCK_D": 0, "num_warps": 8, "num_stages": 1, "maxnreg": 128}
 
 
-def _service(speedup: float, busy: float, gpus: int = 2) -> dict:
-    return {"winner": WINNER, "speedup_vs_autotune_sweep": speedup, "speedup_vs_autotune_command": 1.2,
-            "gpu_busy_fraction": busy, "gpus": gpus, "evaluated": 144}
+def _service(speedup: float, busy: float, gpus: int = 2, command: float = 1.2) -> dict:
+    return {"winner": WINNER, "speedup_vs_autotune_sweep": speedup, "speedup_vs_autotune_command": command,
+            "command_wall_s": 57.1 / command, "gpu_busy_fraction": busy, "gpus": gpus, "evaluated": 144}
 
 
-def test_met_only_fast_busy_and_to_the_same_winner() -> None:
+def test_met_only_fast_busy_and_to_the_same_winner_for_the_sweep_and_the_command() -> None:
     same = {"autotune_config": WINNER}
-    sweep, two = targets(_service(5.45, 0.91), same)
+    sweep, command, two = targets(_service(5.45, 0.91), same)
     assert sweep["status"] == "met" and two["status"] == "met"
+    assert command["status"] == "missed" and command["measured"] == "1.20x (47.6 s), same winner"
+    assert targets(_service(5.45, 0.91, command=3.1), same)[1]["status"] == "met"
+    assert targets(_service(5.45, 0.91, command=3.1), {"autotune_config": {**WINNER, "num_warps": 4}})[1]["status"] == "missed"
     assert sweep["measured"] == "5.45x the sweep (1.20x the command, cluster start included), 91% busy, same winner"
     assert targets(_service(3.9, 0.91), same)[0]["status"] == "missed"
     assert targets(_service(5.45, 0.69), same)[0]["status"] == "missed"
@@ -32,7 +35,7 @@ def test_met_only_fast_busy_and_to_the_same_winner() -> None:
     slower = targets(_service(5.45, 0.91), {"autotune_config": {**WINNER, "maxnreg": None},
                                             "service_default": 0.0960, "autotune": 0.0948})[0]
     assert slower["status"] == "missed" and slower["measured"].endswith("another winner")
-    assert targets(_service(5.45, 0.91, gpus=1), same)[1]["status"] == "not measured: one GPU"
+    assert targets(_service(5.45, 0.91, gpus=1), same)[2]["status"] == "not measured: one GPU"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a host without a GPU")
