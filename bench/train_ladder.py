@@ -340,6 +340,9 @@ STEP_CLASSES = (("gemm_ms", "GEMMs", "#1f77b4"), ("attention_ms", "attention", "
 IDLE = ("device idle", "#ddd")  # the rest of the step's wall time
 
 
+PARITY_COLORS = ["#888", "#d62728", "#1f77b4", "#ff7f0e", "#2ca02c"]
+
+
 def _step_panel(rungs: dict[str, dict[str, Any]], top: int, width: int) -> list[str]:
     """Below the two panels: each profiled rung's step as one bar, split into its classes' device time
     and the time the device sat idle, to one scale."""
@@ -360,12 +363,42 @@ def _step_panel(rungs: dict[str, dict[str, Any]], top: int, width: int) -> list[
     return parts
 
 
+PARITY_PANEL_HEIGHT = 170
+
+
+def _parity_panel(small: dict[str, Any], top: int, width: int) -> list[str]:
+    """Below the two panels: each loss-parity run's relative gap to eager's loss, step by step; eager with
+    its weights perturbed (dashed) is the noise a Triton rung's curve should stay under."""
+    reference = small["losses"]["eager"]
+    gaps = {name: [abs(v - r) / abs(r) for v, r in zip(losses, reference)]
+            for name, losses in small["losses"].items() if name != "eager" and losses}
+    high = max((max(g) for g in gaps.values() if g), default=0.0) or 1.0
+    steps = max(len(g) for g in gaps.values())
+    plot_h = PARITY_PANEL_HEIGHT - 50
+    parts = [f'<text x="8" y="{top}">loss parity (gbs {small["gbs"]}, seq {small["seq"]}): |loss - eager\'s| / eager\'s '
+             f'per step, 0 .. {high:.1%}: ' + ", ".join(
+                 f'<tspan fill="{PARITY_COLORS[i % len(PARITY_COLORS)]}">{name}</tspan>' for i, name in enumerate(gaps))
+             + "</text>"]
+    for i, gap in enumerate(gaps.values()):
+        points = " ".join(f"{20 + (width - 60) * step / max(steps - 1, 1):.1f},{top + 12 + plot_h * (1 - g / high):.1f}"
+                          for step, g in enumerate(gap))
+        dash = ' stroke-dasharray="4 3"' if i == 0 else ""
+        parts.append(f'<polyline points="{points}" fill="none" stroke="{PARITY_COLORS[i % len(PARITY_COLORS)]}" '
+                     f'stroke-width="1.2"{dash}/>')
+    return parts
+
+
 def plot_svg(figures: dict[str, Any], width: int = 720, height: int = 300) -> str:
     """Two panels: model TFLOP/s per GPU per rung (bars), and every rung's loss curve; below them, where
-    rungs were profiled (``--profile-step``), each one's step split by kernel class."""
+    rungs were profiled (``--profile-step``), each one's step split by kernel class, and where the loss
+    parity runs ran, each one's gap to eager per step."""
     rungs = {name: r for name, r in figures["rungs"].items() if r.get("status") == "ok"}
     profiled = sum(1 for r in rungs.values() if r.get("step_profile"))
+    small = figures.get("parity", {})
+    with_parity = bool((small.get("losses") or {}).get("eager")) and len(small["losses"]) > 1
     panels_height, height = height, height + (30 + 18 * profiled if profiled else 0)
+    parity_top = height + 10
+    height += PARITY_PANEL_HEIGHT if with_parity else 0
     half = width // 2
     parts = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
              'xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="11">',
@@ -392,6 +425,8 @@ def plot_svg(figures: dict[str, Any], width: int = 720, height: int = 300) -> st
         parts.append(f'<text x="{half + 20}" y="{panels_height - 36}">{low:.3f} .. {high:.3f} over {steps} steps</text>')
     if profiled:
         parts += _step_panel(rungs, panels_height - 10, width)
+    if with_parity:
+        parts += _parity_panel(small, parity_top, width)
     parts.append("</svg>")
     return "\n".join(parts)
 

@@ -56,6 +56,16 @@ def test_summary_leaves_warmup_out_and_parity_flags_a_drifting_rung():
     assert rungs["triton-defaults"]["speedup_over_previous_rung"] == pytest.approx(1.5)
     svg = train_ladder.plot_svg({"preset": "tiny", "gbs": 2, "seq": 64, "device": "cpu", "rungs": rungs})
     assert svg.startswith("<svg") and svg.count("<polyline") == 3 and "triton-tuned" in svg
+    parity = {"gbs": 2, "seq": 64, "losses": {"eager": [4.0, 2.0], "eager-perturbed": [4.0, 2.02],
+                                              "triton-tuned": [4.0, 2.04]}}
+    with_parity = train_ladder.plot_svg({"preset": "tiny", "gbs": 2, "seq": 64, "device": "cpu", "rungs": rungs,
+                                         "parity": parity})
+    gaps = re.findall(r'<polyline points="([^"]+)" fill="none" stroke="[^"]+" stroke-width="1.2"( stroke-dasharray)?',
+                      with_parity)[3:]
+    # one curve a parity run beside eager, the perturbed one dashed; the tuned rung's 2% gap at the top
+    assert [bool(dash) for _, dash in gaps] == [True, False] and "0 .. 2.0%" in with_parity
+    top = float(gaps[1][0].split()[-1].split(",")[1])
+    assert top == min(float(point.split(",")[1]) for points, _dash in gaps for point in points.split())
 
 
 def test_a_failed_rung_is_reported_not_compared():
