@@ -30,14 +30,18 @@ def test_kernel_class_by_name(name, kind):
 def test_time_shares_sum_by_class_and_give_the_remainder_ratio():
     shares = time_shares([("nvjet_a", 600.0), ("_sparse_attn_fwd_kernel", 400.0), ("elementwise", 500.0)])
     assert shares == {"gemm_ms": 0.6, "attention_ms": 0.4, "other_ms": 0.5, "total_ms": 1.5,
-                      "total_over_gemm_and_attention": 1.5, "other_top": [{"name": "elementwise", "ms": 0.5}]}
+                      "total_over_gemm_and_attention": 1.5, "other_top": [{"name": "elementwise", "ms": 0.5}],
+                      "gemm_top": [{"name": "nvjet_a", "ms": 0.6}],
+                      "attention_top": [{"name": "_sparse_attn_fwd_kernel", "ms": 0.4}]}
     assert time_shares([("elementwise", 10.0)])["total_over_gemm_and_attention"] is None
 
 
-def test_the_remainder_is_named_by_its_largest_kernels_summed_over_their_calls():
-    activities = [("copy", 100.0), ("nvjet_a", 900.0), ("index_add", 300.0), ("copy", 250.0), ("fill", 50.0)]
+def test_each_class_is_named_by_its_largest_kernels_summed_over_their_calls():
+    activities = [("copy", 100.0), ("nvjet_a", 900.0), ("index_add", 300.0), ("copy", 250.0), ("fill", 50.0),
+                  ("_grouped_wgrad_kernel", 400.0), ("_grouped_wgrad_kernel", 600.0), ("_grouped_gemm_kernel", 200.0)]
     shares = time_shares(activities, top=2)
     assert shares["other_top"] == [{"name": "copy", "ms": 0.35}, {"name": "index_add", "ms": 0.3}]
+    assert shares["gemm_top"] == [{"name": "_grouped_wgrad_kernel", "ms": 1.0}, {"name": "nvjet_a", "ms": 0.9}]
 
 
 def test_device_activities_keep_only_device_events():

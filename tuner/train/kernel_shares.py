@@ -45,20 +45,21 @@ def kernel_class(name: str) -> str:
 
 def time_shares(activities: Iterable[tuple[str, float]], top: int = TOP_OTHER) -> dict[str, Any]:
     """Milliseconds per class of ``(name, microseconds)`` device activities, their total, the
-    remainder ratio (total over GEMM plus attention; None when the layer has neither), and the ``top``
-    names of the remainder by their summed time (``other_top``: what to fuse or remove first)."""
+    remainder ratio (total over GEMM plus attention; None when the layer has neither), and per class
+    the ``top`` names by their summed time (``other_top``: what to fuse or remove first; ``gemm_top`` and
+    ``attention_top``: which kernels a table changed)."""
     ms = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
-    other_by_name: Counter = Counter()
+    by_name: dict[str, Counter] = {kind: Counter() for kind in ms}
     for name, us in activities:
         kind = kernel_class(name)
         ms[kind] += us / 1e3
-        if kind == "other":
-            other_by_name[name] += us / 1e3
+        by_name[kind][name] += us / 1e3
     total = sum(ms.values())
     core = ms["gemm"] + ms["attention"]
     return {**{f"{kind}_ms": round(value, 4) for kind, value in ms.items()}, "total_ms": round(total, 4),
             "total_over_gemm_and_attention": round(total / core, 3) if core else None,
-            "other_top": [{"name": name, "ms": round(value, 4)} for name, value in other_by_name.most_common(top)]}
+            **{f"{kind}_top": [{"name": name, "ms": round(value, 4)} for name, value in names.most_common(top)]
+               for kind, names in by_name.items()}}
 
 
 def with_timed_ms(shares: dict[str, Any], timed_ms: float) -> dict[str, Any]:
