@@ -14,18 +14,12 @@ def _pending(name: str) -> Pending:
 
 def test_a_compiled_config_goes_first_and_nothing_is_cancelled() -> None:
     ready, compiling = deque([_pending("compiled")]), {"task-a": _pending("a")}
-    pending, task = config_for_idle_worker(ready, compiling, compile_workers_warm=False)
+    pending, task = config_for_idle_worker(ready, compiling)
     assert pending.identity == "compiled" and task is None and list(compiling) == ["task-a"]
 
 
-def test_while_the_compile_workers_warm_up_the_worker_takes_the_newest_config_to_compile_itself() -> None:
+def test_with_nothing_compiled_the_worker_takes_the_newest_config_and_its_task_is_cancelled() -> None:
     compiling = {"task-a": _pending("a"), "task-b": _pending("b"), "task-c": _pending("c")}
-    pending, task = config_for_idle_worker(deque(), compiling, compile_workers_warm=False)
+    pending, task = config_for_idle_worker(deque(), compiling)
     assert (pending.identity, task) == ("c", "task-c") and list(compiling) == ["task-a", "task-b"]
-
-
-def test_once_they_are_warm_an_idle_worker_waits_for_their_compiles() -> None:
-    compiling = {"task-a": _pending("a")}
-    assert config_for_idle_worker(deque(), compiling, compile_workers_warm=True) is None
-    assert list(compiling) == ["task-a"]
-    assert config_for_idle_worker(deque(), {}, compile_workers_warm=False) is None
+    assert config_for_idle_worker(deque(), {}) is None

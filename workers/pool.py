@@ -271,15 +271,6 @@ class WorkerPool:
         pool.arch  # noqa: B018 - fail early on a mixed pool
         return pool
 
-    def compile_workers_warm(self) -> bool:
-        """Whether every compile worker has finished its warm-up (imports, the GPU driver): from then on a
-        compile task starts when submitted, instead of waiting in Ray's queue behind a warm-up."""
-        import ray
-
-        if self.warming:
-            _, self.warming = ray.wait(self.warming, num_returns=len(self.warming), timeout=0)
-        return not self.warming
-
     @property
     def arch(self) -> str:
         archs = {i["arch"] for i in self.infos}

@@ -3,9 +3,8 @@
 For each shape the runner keeps every device worker busy. It takes configs from the
 strategy ahead of time, prunes those that violate the space's constraints, answers those
 whose identity was measured before from the database, compiles the rest on CPU workers and
-hands compiled configs to idle device workers; while the compile workers still warm up, a worker
-that falls idle with nothing compiled takes the newest config waiting for them and compiles it
-itself (``config_for_idle_worker``). Finished
+hands compiled configs to idle device workers; a worker that falls idle with nothing compiled
+takes the newest config waiting for them and compiles it itself (``config_for_idle_worker``). Finished
 benchmarks free their worker before any bookkeeping, and every finished trial is committed
 at once, so a killed server loses nothing it measured and a restarted one re-runs only the
 trials that were in flight. When a shape is done, its best configs are re-timed together
@@ -93,19 +92,18 @@ class Pending:
         return self.proposal.config
 
 
-def config_for_idle_worker(ready: deque[Pending], compiling: dict[Any, Pending],
-                           compile_workers_warm: bool) -> tuple[Pending, Any] | None:
+def config_for_idle_worker(ready: deque[Pending], compiling: dict[Any, Pending]) -> tuple[Pending, Any] | None:
     """What an idle device worker takes, and the compile task to cancel when it takes a config to compile itself.
 
-    A compiled config first. Else, while the compile workers are still warming up, the newest config
-    submitted to them, which waits in Ray's queue behind a warm-up: the worker's benchmarking child
-    compiles it itself. Once they are warm, nothing: the compiles under way finish sooner than a child
-    compiling from scratch (stealing the oldest one spent a full compile of GPU time on a config a
-    compile worker was about to finish, ``docs/findings.md``).
+    A compiled config first. Else the newest config submitted to the compile workers, which most likely
+    still waits in Ray's queue, compiled by the worker's benchmarking child itself: the compile workers
+    do not keep one H100 fed, so waiting for them left it idle (83% busy against 95%), and the oldest
+    config, which a child used to take, is the one a compile worker is about to finish
+    (``docs/findings.md``).
     """
     if ready:
         return ready.popleft(), None
-    if compiling and not compile_workers_warm:
+    if compiling:
         task = next(reversed(compiling))
         return compiling.pop(task), task
     return None
@@ -274,12 +272,12 @@ class SweepRunner:
 
         def dispatch() -> None:
             while idle:
-                taken = config_for_idle_worker(ready, compiling, self.pool.compile_workers_warm())
+                taken = config_for_idle_worker(ready, compiling)
                 if taken is None:
                     return
                 pending, compile_task = taken
                 if compile_task is not None:
-                    ray.cancel(compile_task)  # still waiting in Ray's queue: its slot goes to the next config
+                    ray.cancel(compile_task)  # most likely still queued: its slot goes to the next config
                 worker = idle.pop()
                 pending.started_at = utcnow()
                 request = {"kernel": self.facts.name, "shape": state.shape, "config": pending.config,
