@@ -8,6 +8,10 @@ The residual holds four streams, ``h [tokens, 4, D]``. Around every sub-layer:
 * ``mhc_collapse``: ``u = sum_j pre_j * h_j``, the sub-layer's input.
 * ``mhc_expand``: ``h'_k = post_k * f + sum_j C[j, k] * h_j``, with f the sub-layer's output
   (C applied transposed, as in the V4 reference).
+* ``mhc_enter``: the glue and the collapse as one op, whose backward gives h one gradient: the
+  collapse backward computes dpre alone and the glue backward adds ``pre_j du`` to its dh. As two
+  ops they each wrote a ``[tokens, 4, D]`` dh and autograd added them, a bf16 addition a sub-layer
+  that led the rest of the replayed proxy step's device time (27 ms, H100).
 
 Glue forward: each program takes ``BLOCK_N`` tokens and walks the 4D axis in ``BLOCK_K``
 chunks, accumulating the ``[BLOCK_N, 32]`` projection (24 rows padded for ``tl.dot``) and the
@@ -289,9 +293,9 @@ def _glue_bwd_gates_kernel(
 
 @triton.jit
 def _glue_bwd_kernel(
-    h_ref, fn_ptr, dproj_ref, drstd_ptr, dh_ref, dfn_partial_ptr, n_tokens, width, tokens_per_slab,
+    h_ref, fn_ptr, dproj_ref, drstd_ptr, dh_ref, dfn_partial_ptr, pre_ptr, du_ptr, n_tokens, width, tokens_per_slab,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DFN_TRANSPOSED: tl.constexpr, TMA: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, COLLAPSE: tl.constexpr,
 ):
     """dh of one 4D chunk over the tokens of one slab, and that slab's dfn for the chunk, from the
     first pass's split d_proj: two bf16 tiles and one float a token, where recomputing the gates
@@ -303,7 +307,9 @@ def _glue_bwd_kernel(
     Compute, 2026-12-02): TMA 1 takes descriptors encoded on the host (``_glue_bwd_operands``; 38 us
     a call at 4,096 tokens on the H200, 2026-12-04b), TMA 2 the tensors, and each program builds
     the descriptors on the device. d_proj's ``[2, tokens, 32]`` descriptor reads one part at a time,
-    so the high part's rows past the tokens are zeros, not the low part's."""
+    so the high part's rows past the tokens are zeros, not the low part's. COLLAPSE (``mhc_enter``):
+    dh also takes the collapse's gradient ``pre_j du`` from fp32 ``pre [tokens, 4]`` and
+    ``du [tokens, D]``, which autograd would otherwise add to a dh of its own."""
     slab = tl.program_id(0)
     if TMA == 2:
         h_ref = tl.make_tensor_descriptor(h_ref, [n_tokens, width], [width, 1], [BLOCK_N, BLOCK_K])
@@ -345,6 +351,13 @@ def _glue_bwd_kernel(
         dx = _mma(dp_hi, w_lo, dx, UPCAST)
         dx = _mma(dp_lo, w_hi, dx, UPCAST)
         dx -= d_rstd[:, None] * x.to(tl.float32)
+        if COLLAPSE:
+            hidden = width // _S
+            stream = ks // hidden
+            pre_j = tl.load(pre_ptr + tokens.to(tl.int64)[:, None] * _S + stream[None, :], mask=x_mask, other=0.0)
+            du = tl.load(du_ptr + tokens.to(tl.int64)[:, None] * hidden + (ks - stream * hidden)[None, :],
+                         mask=x_mask, other=0.0)
+            dx += pre_j * du.to(tl.float32)
         if TMA:
             dh_ref.store([t0, tl.program_id(1) * BLOCK_K], dx.to(dh_ref.dtype))
         else:
@@ -477,9 +490,11 @@ def _glue_bwd_operands(h: torch.Tensor, dproj: torch.Tensor, dh: torch.Tensor,
 def _glue_backward(
     h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, m: torch.Tensor,
     rstd: torch.Tensor, dpre: torch.Tensor, dpost: torch.Tensor, dcomb: torch.Tensor, config: Config,
-    compile_only: bool = False,
+    compile_only: bool = False, collapse: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """Launch the backward on contiguous tensors (fp32 gradients); returns ``(dh, dfn, dbase, dscale)``."""
+    """Launch the backward on contiguous tensors (fp32 gradients); returns ``(dh, dfn, dbase, dscale)``.
+    ``collapse``: the collapse's contiguous fp32 ``pre [tokens, 4]`` and ``du [tokens, D]``, whose
+    ``pre_j du`` dh then includes (``mhc_enter``)."""
     n_tokens, width = h.shape
     block_n = config["BLOCK_N"]
     token_blocks = cdiv(n_tokens, block_n)
@@ -503,9 +518,10 @@ def _glue_backward(
     launch(
         _glue_bwd_kernel,
         (slabs, cdiv(width, config["BLOCK_K"])),
-        (h_ref, fn, dproj_ref, drstd, dh_ref, dfn_partial, n_tokens, width, tokens_per_slab),
+        (h_ref, fn, dproj_ref, drstd, dh_ref, dfn_partial, *(collapse or (drstd, drstd)), n_tokens, width,
+         tokens_per_slab),  # drstd: never read without COLLAPSE
         {"BLOCK_N": block_n, "BLOCK_K": config["BLOCK_K"], "DFN_TRANSPOSED": bool(config.get("DFN_TRANSPOSED")),  # older configs lack it
-         "TMA": tma, "UPCAST": current_arch() == INTERPRETER_ARCH},
+         "TMA": tma, "UPCAST": current_arch() == INTERPRETER_ARCH, "COLLAPSE": collapse is not None},
         config,
         compile_only,
     )
@@ -571,13 +587,16 @@ def mhc_glue(
     ``post [..., 4]`` and the Sinkhorn logits ``comb [..., 4, 4]``; differentiable in h and in
     every parameter. Launch parameters come from ``kernels.tuning.resolve``.
     """
+    _check_glue_inputs(h, fn, base, scale)
+    return _Glue.apply(h, fn.contiguous(), base.contiguous(), scale.contiguous(), eps)
+
+
+def _check_glue_inputs(h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor) -> None:
     _check_residual(h)
     check_same_device(h=h, fn=fn, base=base, scale=scale)
-    width = STREAMS * h.shape[-1]
-    _check_fp32("fn", fn, (_N_LOGITS, width))
+    _check_fp32("fn", fn, (_N_LOGITS, STREAMS * h.shape[-1]))
     _check_fp32("base", base, (_N_LOGITS,))
     _check_fp32("scale", scale, (3,))
-    return _Glue.apply(h, fn.contiguous(), base.contiguous(), scale.contiguous(), eps)
 
 
 def mhc_glue_reference(
@@ -647,7 +666,8 @@ def _collapse_fwd_kernel(h_ptr, pre_ptr, u_ptr, n_tokens, hidden, BLOCK_T: tl.co
 
 @triton.jit
 def _collapse_bwd_kernel(
-    h_ptr, pre_ptr, du_ptr, dh_ptr, dpre_ptr, n_tokens, hidden, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr
+    h_ptr, pre_ptr, du_ptr, dh_ptr, dpre_ptr, n_tokens, hidden, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    STORE_DH: tl.constexpr,
 ):
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     streams = tl.arange(0, _S)
@@ -659,8 +679,9 @@ def _collapse_bwd_kernel(
         for j in tl.static_range(_S):
             h_offsets, h_mask = _stream_tile(tokens, cols, n_tokens, hidden, j)
             h_j = tl.load(h_ptr + h_offsets, mask=h_mask, other=0.0).to(tl.float32)
-            dh_j = _stream_weight(pre_ptr, tokens, n_tokens, j)[:, None] * du
-            tl.store(dh_ptr + h_offsets, dh_j.to(dh_ptr.dtype.element_ty), mask=h_mask)
+            if STORE_DH:  # without it, the glue backward adds pre_j du to its dh (``mhc_enter``)
+                dh_j = _stream_weight(pre_ptr, tokens, n_tokens, j)[:, None] * du
+                tl.store(dh_ptr + h_offsets, dh_j.to(dh_ptr.dtype.element_ty), mask=h_mask)
             dpre += tl.where(streams[None, :] == j, tl.sum(du * h_j, axis=1)[:, None], 0.0)
     offsets, mask = _tile(tokens, streams, n_tokens, _S)
     tl.store(dpre_ptr + offsets, dpre, mask=mask)
@@ -717,13 +738,15 @@ def _expand_bwd_kernel(
     tl.store(dcomb_ptr + offsets, dcomb, mask=mask)
 
 
-def _launch_streams(kernel, args: tuple, n_tokens: int, hidden: int, config: Config, compile_only: bool) -> None:
-    """Launch a collapse/expand kernel: ``BLOCK_T`` tokens a program, D walked in ``BLOCK_D`` chunks."""
+def _launch_streams(kernel, args: tuple, n_tokens: int, hidden: int, config: Config, compile_only: bool,
+                    **flags: bool) -> None:
+    """Launch a collapse/expand kernel: ``BLOCK_T`` tokens a program, D walked in ``BLOCK_D`` chunks;
+    ``flags``: the kernel's own constexprs."""
     launch(
         kernel,
         (cdiv(n_tokens, config["BLOCK_T"]),),
         (*args, n_tokens, hidden),
-        {"BLOCK_T": config["BLOCK_T"], "BLOCK_D": min(config["BLOCK_D"], next_pow2(hidden))},
+        {"BLOCK_T": config["BLOCK_T"], "BLOCK_D": min(config["BLOCK_D"], next_pow2(hidden)), **flags},
         config,
         compile_only,
     )
@@ -738,12 +761,15 @@ def _collapse_forward(h: torch.Tensor, pre: torch.Tensor, config: Config, compil
 
 
 def _collapse_backward(
-    h: torch.Tensor, pre: torch.Tensor, du: torch.Tensor, config: Config, compile_only: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch on contiguous tensors; returns ``(dh, dpre)``."""
+    h: torch.Tensor, pre: torch.Tensor, du: torch.Tensor, config: Config, compile_only: bool = False,
+    store_dh: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Launch on contiguous tensors; returns ``(dh, dpre)``, dh None without ``store_dh`` (``mhc_enter``:
+    the glue backward adds it to its own)."""
     n_tokens, _, hidden = h.shape
-    dh, dpre = torch.empty_like(h), torch.empty_like(pre)
-    _launch_streams(_collapse_bwd_kernel, (h, pre, du, dh, dpre), n_tokens, hidden, config, compile_only)
+    dh, dpre = torch.empty_like(h) if store_dh else None, torch.empty_like(pre)
+    _launch_streams(_collapse_bwd_kernel, (h, pre, du, h if dh is None else dh, dpre), n_tokens, hidden, config,
+                    compile_only, STORE_DH=store_dh)  # h: never written without STORE_DH
     return dh, dpre
 
 
@@ -845,6 +871,58 @@ def mhc_expand(f: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch
     _check_fp32("post", post, (*h.shape[:-1],))
     _check_fp32("comb", comb, (*h.shape[:-1], STREAMS))
     return _Expand.apply(f, h, post, comb)
+
+
+class _Entry(torch.autograd.Function):
+    """The glue and the collapse of one sub-layer's entry as one op, for one dh in the backward: the
+    collapse backward computes dpre alone and the glue backward adds ``pre_j du`` to its dh, where
+    two ops left autograd to add their two ``[tokens, 4, D]`` gradients (and the collapse to write one)."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float):
+        hidden = h.shape[-1]
+        flat = h.reshape(-1, STREAMS * hidden).contiguous()
+        n_tokens = flat.shape[0]
+        pre, post, comb, m, rstd = _glue_forward(flat, fn, base, scale, eps, _resolved("mhc_glue_fwd", n_tokens, hidden))
+        u = _collapse_forward(flat.view(n_tokens, STREAMS, hidden), pre, _resolved("mhc_collapse_fwd", n_tokens, hidden))
+        ctx.save_for_backward(flat, fn, base, scale, m, rstd, pre)
+        ctx.h_shape = h.shape
+        lead = h.shape[:-2]
+        return u.view(*lead, hidden), post.view(*lead, STREAMS), comb.view(*lead, STREAMS, STREAMS)
+
+    @staticmethod
+    def backward(ctx, du: torch.Tensor, dpost: torch.Tensor, dcomb: torch.Tensor):
+        flat, fn, base, scale, m, rstd, pre = ctx.saved_tensors
+        n_tokens, hidden = flat.shape[0], ctx.h_shape[-1]
+        du = _token_major(du, hidden)
+        _, dpre = _collapse_backward(flat.view(n_tokens, STREAMS, hidden), pre, du,
+                                     _resolved("mhc_collapse_bwd", n_tokens, hidden), store_dh=False)
+        gates = (g.reshape(n_tokens, -1).float().contiguous() for g in (dpost, dcomb))  # materialized: never None
+        dh, dfn, dbase, dscale = _glue_backward(flat, fn, base, scale, m, rstd, dpre, *gates,
+                                                _resolved("mhc_glue_bwd", n_tokens, hidden), collapse=(pre, du))
+        return dh.view(ctx.h_shape), dfn, dbase, dscale, None
+
+
+def mhc_enter(
+    h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float = DEFAULT_EPS
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A sub-layer's entry: ``mhc_glue`` and then ``mhc_collapse`` with its ``pre``, as one op.
+
+    Contract: as ``mhc_glue``'s (``h [..., 4, D]`` bf16 or fp32, any strides, copied; ``fn [24, 4D]``,
+    ``base [24]`` and ``scale [3]`` fp32; one device). Returns ``u [..., D]`` in h's dtype (the
+    sub-layer's input before its norm), fp32 ``post [..., 4]`` and the Sinkhorn logits
+    ``comb [..., 4, 4]``; differentiable in h and every parameter, with one dh (``_Entry``).
+    """
+    _check_glue_inputs(h, fn, base, scale)
+    return _Entry.apply(h, fn.contiguous(), base.contiguous(), scale.contiguous(), eps)
+
+
+def mhc_enter_reference(
+    h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float = DEFAULT_EPS
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eager (differentiable) math of ``mhc_enter``: the references of the glue and the collapse."""
+    pre, post, comb = mhc_glue_reference(h, fn, base, scale, eps)
+    return mhc_collapse_reference(h, pre), post, comb
 
 
 def mhc_collapse_reference(h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:

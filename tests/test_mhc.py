@@ -11,6 +11,8 @@ from kernels.arch import kernel_device
 from kernels.mhc import (
     mhc_collapse,
     mhc_collapse_reference,
+    mhc_enter,
+    mhc_enter_reference,
     mhc_expand,
     mhc_expand_reference,
     mhc_glue,
@@ -84,6 +86,38 @@ def test_glue_forward_and_gradients_match_eager(lead, hidden, dtype):
     for grad, ref in zip(param_grads, (leaf.grad for leaf in theirs[1:])):
         assert grad.dtype == torch.float32 and grad.shape == ref.shape
         # Sums over tokens of terms of about unit size: fp32 noise grows with the sum.
+        _close(grad, ref, atol=1e-4 * lead[-1], rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize(
+    ("lead", "hidden"),
+    [
+        ((37,), 96),  # tokens not a multiple of BLOCK_N or BLOCK_T, 4D = 384 not a multiple of BLOCK_K
+        ((2, 5), 40),  # leading batch dims; D = 40 splits chunks of 64 across two streams
+        ((1,), 7),  # one token, 4D = 28 narrower than one chunk
+    ],
+)
+def test_entry_is_the_glue_then_the_collapse_in_one_op_forward_and_backward(lead, hidden, dtype):
+    (h, fn, base, scale), (_, grad_post, grad_comb) = _glue_problem(lead, hidden, dtype)
+    grad_u = torch.randn(*lead, hidden, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
+    ours, theirs = _leaves(h, fn, base, scale), _leaves(h, fn, base, scale, upcast=True)
+    outputs = mhc_enter(*ours)
+    torch.autograd.backward(outputs, (grad_u, grad_post, grad_comb))
+    expected = mhc_enter_reference(*theirs)
+    torch.autograd.backward(expected, (grad_u.float(), grad_post, grad_comb))
+
+    u, post, comb = outputs
+    assert u.shape == (*lead, hidden) and u.dtype == dtype
+    assert post.shape == (*lead, 4) and comb.shape == (*lead, 4, 4)
+    _close(u, expected[0], **_tol(dtype))
+    _close(post, expected[1], **FP32_TOL)
+    _close(comb, expected[2], **FP32_TOL)
+    # dh: the glue's part and the collapse's pre_j du, added inside the glue backward
+    assert ours[0].grad.dtype == dtype
+    _close(ours[0].grad, theirs[0].grad, **_tol(dtype))
+    for grad, ref in zip((leaf.grad for leaf in ours[1:]), (leaf.grad for leaf in theirs[1:])):
+        assert grad.dtype == torch.float32 and grad.shape == ref.shape
         _close(grad, ref, atol=1e-4 * lead[-1], rtol=1e-4)
 
 

@@ -49,10 +49,9 @@ class HyperConnection(nn.Module):
         self.norm.fill_(1.0)
 
     def _enter(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        pre, post, comb_logits = self.ops.mhc_glue(h, self.fn, self.base, self.scale, self.eps)
+        u, post, comb_logits = self.ops.mhc_enter(h, self.fn, self.base, self.scale, self.eps)  # glue, collapse
         comb = self.ops.sinkhorn(comb_logits, self.iters, self.eps)
-        x = self.ops.rms_norm(self.ops.mhc_collapse(h, pre), self.norm, self.norm_eps)
-        return x, post, comb
+        return self.ops.rms_norm(u, self.norm, self.norm_eps), post, comb
 
     def forward(self, h: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         if not self.recompute:

@@ -20,7 +20,7 @@ from kernels.compressor import compressor_pool
 from kernels.grouped_gemm import expert_mlp, expert_mlp_reference
 from kernels.indexer import indexer_topk
 from kernels.mhc import (
-    mhc_collapse, mhc_collapse_reference, mhc_expand, mhc_expand_reference, mhc_glue, mhc_glue_reference,
+    mhc_collapse, mhc_collapse_reference, mhc_enter, mhc_enter_reference, mhc_expand, mhc_expand_reference,
 )
 from kernels.cross_entropy import cross_entropy, cross_entropy_reference
 from kernels.moe_combine import moe_combine, moe_combine_reference, moe_dispatch, moe_dispatch_reference
@@ -41,7 +41,7 @@ class Ops:
 
     rms_norm: Callable[..., Tensor]
     sinkhorn: Callable[..., Tensor]
-    mhc_glue: Callable[..., tuple[Tensor, Tensor, Tensor]]
+    mhc_enter: Callable[..., tuple[Tensor, Tensor, Tensor]]  # mhc_enter(h, fn, base, scale, eps): u, post, comb logits
     mhc_collapse: Callable[..., Tensor]
     mhc_expand: Callable[..., Tensor]
     rope: Callable[..., Tensor]  # rope(x [..., H, d], pos, theta, inverse, rope_dim)
@@ -78,14 +78,14 @@ def _triton_compress_pool(kv: Tensor, score: Tensor, ape: Tensor, ratio: int) ->
 
 
 _TABLES = {
-    "eager": Ops(rms_norm=rms_norm_reference, sinkhorn=sinkhorn_reference, mhc_glue=mhc_glue_reference,
+    "eager": Ops(rms_norm=rms_norm_reference, sinkhorn=sinkhorn_reference, mhc_enter=mhc_enter_reference,
                  mhc_collapse=mhc_collapse_reference, mhc_expand=mhc_expand_reference, rope=attention_ops.rope_tail,
                  route=route_reference, expert_mlp=_eager_expert_mlp,
                  moe_dispatch=moe_dispatch_reference, moe_combine=moe_combine_reference,
                  cross_entropy=cross_entropy_reference,
                  sparse_attention=attention_ops.sparse_attention, compress_pool=attention_ops.compress_pool,
                  indexer_topk=attention_ops.indexer_topk, indexer_rope=attention_ops.rope_tail),
-    "triton": Ops(rms_norm=rms_norm, sinkhorn=sinkhorn, mhc_glue=mhc_glue, mhc_collapse=mhc_collapse,
+    "triton": Ops(rms_norm=rms_norm, sinkhorn=sinkhorn, mhc_enter=mhc_enter, mhc_collapse=mhc_collapse,
                   mhc_expand=mhc_expand, rope=_triton_rope, route=route, expert_mlp=expert_mlp,
                   moe_dispatch=moe_dispatch, moe_combine=moe_combine, cross_entropy=cross_entropy,
                   sparse_attention=sparse_attention, compress_pool=_triton_compress_pool, indexer_topk=indexer_topk,
