@@ -9,9 +9,10 @@ The residual holds four streams, ``h [tokens, 4, D]``. Around every sub-layer:
 * ``mhc_expand``: ``h'_k = post_k * f + sum_j C[j, k] * h_j``, with f the sub-layer's output
   (C applied transposed, as in the V4 reference).
 * ``mhc_enter``: the glue and the collapse as one op, whose backward gives h one gradient: the
-  collapse backward computes dpre alone and the glue backward adds ``pre_j du`` to its dh. As two
-  ops they each wrote a ``[tokens, 4, D]`` dh and autograd added them, a bf16 addition a sub-layer
-  that led the rest of the replayed proxy step's device time (27 ms, H100).
+  collapse backward computes dpre alone, and the glue backward adds ``pre_j du`` and the expand's
+  gradient of h (h goes to the expand through this op) to its dh. As three ops each wrote a
+  ``[tokens, 4, D]`` dh and autograd added them: two bf16 additions a sub-layer, which led the rest
+  of the replayed proxy step's device time (27 ms, H100).
 
 Glue forward: each program takes ``BLOCK_N`` tokens and walks the 4D axis in ``BLOCK_K``
 chunks, accumulating the ``[BLOCK_N, 32]`` projection (24 rows padded for ``tl.dot``) and the
@@ -293,8 +294,8 @@ def _glue_bwd_gates_kernel(
 
 @triton.jit
 def _glue_bwd_kernel(
-    h_ref, fn_ptr, dproj_ref, drstd_ptr, dh_ref, dfn_partial_ptr, pre_ptr, du_ptr, n_tokens, width, tokens_per_slab,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DFN_TRANSPOSED: tl.constexpr, TMA: tl.constexpr,
+    h_ref, fn_ptr, dproj_ref, drstd_ptr, dh_ref, dfn_partial_ptr, pre_ptr, du_ptr, dh_in_ptr, n_tokens, width,
+    tokens_per_slab, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DFN_TRANSPOSED: tl.constexpr, TMA: tl.constexpr,
     UPCAST: tl.constexpr, COLLAPSE: tl.constexpr,
 ):
     """dh of one 4D chunk over the tokens of one slab, and that slab's dfn for the chunk, from the
@@ -309,7 +310,8 @@ def _glue_bwd_kernel(
     the descriptors on the device. d_proj's ``[2, tokens, 32]`` descriptor reads one part at a time,
     so the high part's rows past the tokens are zeros, not the low part's. COLLAPSE (``mhc_enter``):
     dh also takes the collapse's gradient ``pre_j du`` from fp32 ``pre [tokens, 4]`` and
-    ``du [tokens, D]``, which autograd would otherwise add to a dh of its own."""
+    ``du [tokens, D]``, and the rest of h's gradient, ``dh_in [tokens, 4D]`` (the expand's), which
+    autograd would otherwise add to it."""
     slab = tl.program_id(0)
     if TMA == 2:
         h_ref = tl.make_tensor_descriptor(h_ref, [n_tokens, width], [width, 1], [BLOCK_N, BLOCK_K])
@@ -358,6 +360,7 @@ def _glue_bwd_kernel(
             du = tl.load(du_ptr + tokens.to(tl.int64)[:, None] * hidden + (ks - stream * hidden)[None, :],
                          mask=x_mask, other=0.0)
             dx += pre_j * du.to(tl.float32)
+            dx += tl.load(dh_in_ptr + x_offsets, mask=x_mask, other=0.0).to(tl.float32)
         if TMA:
             dh_ref.store([t0, tl.program_id(1) * BLOCK_K], dx.to(dh_ref.dtype))
         else:
@@ -490,11 +493,11 @@ def _glue_bwd_operands(h: torch.Tensor, dproj: torch.Tensor, dh: torch.Tensor,
 def _glue_backward(
     h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, m: torch.Tensor,
     rstd: torch.Tensor, dpre: torch.Tensor, dpost: torch.Tensor, dcomb: torch.Tensor, config: Config,
-    compile_only: bool = False, collapse: tuple[torch.Tensor, torch.Tensor] | None = None,
+    compile_only: bool = False, collapse: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Launch the backward on contiguous tensors (fp32 gradients); returns ``(dh, dfn, dbase, dscale)``.
-    ``collapse``: the collapse's contiguous fp32 ``pre [tokens, 4]`` and ``du [tokens, D]``, whose
-    ``pre_j du`` dh then includes (``mhc_enter``)."""
+    ``collapse`` (``mhc_enter``): the collapse's fp32 ``pre [tokens, 4]`` and ``du [tokens, D]``, and the
+    rest of h's gradient ``dh_in [tokens, 4D]``, contiguous, which dh then includes with ``pre_j du``."""
     n_tokens, width = h.shape
     block_n = config["BLOCK_N"]
     token_blocks = cdiv(n_tokens, block_n)
@@ -518,7 +521,7 @@ def _glue_backward(
     launch(
         _glue_bwd_kernel,
         (slabs, cdiv(width, config["BLOCK_K"])),
-        (h_ref, fn, dproj_ref, drstd, dh_ref, dfn_partial, *(collapse or (drstd, drstd)), n_tokens, width,
+        (h_ref, fn, dproj_ref, drstd, dh_ref, dfn_partial, *(collapse or (drstd,) * 3), n_tokens, width,
          tokens_per_slab),  # drstd: never read without COLLAPSE
         {"BLOCK_N": block_n, "BLOCK_K": config["BLOCK_K"], "DFN_TRANSPOSED": bool(config.get("DFN_TRANSPOSED")),  # older configs lack it
          "TMA": tma, "UPCAST": current_arch() == INTERPRETER_ARCH, "COLLAPSE": collapse is not None},
@@ -876,7 +879,9 @@ def mhc_expand(f: torch.Tensor, h: torch.Tensor, post: torch.Tensor, comb: torch
 class _Entry(torch.autograd.Function):
     """The glue and the collapse of one sub-layer's entry as one op, for one dh in the backward: the
     collapse backward computes dpre alone and the glue backward adds ``pre_j du`` to its dh, where
-    two ops left autograd to add their two ``[tokens, 4, D]`` gradients (and the collapse to write one)."""
+    two ops left autograd to add their two ``[tokens, 4, D]`` gradients (and the collapse to write one).
+    It also returns h itself (a view), for the sub-layer's expand: the expand's gradient of h comes
+    back through this op, and the glue backward adds it too, where autograd added a third."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float):
@@ -888,30 +893,32 @@ class _Entry(torch.autograd.Function):
         ctx.save_for_backward(flat, fn, base, scale, m, rstd, pre)
         ctx.h_shape = h.shape
         lead = h.shape[:-2]
-        return u.view(*lead, hidden), post.view(*lead, STREAMS), comb.view(*lead, STREAMS, STREAMS)
+        return u.view(*lead, hidden), post.view(*lead, STREAMS), comb.view(*lead, STREAMS, STREAMS), h.view_as(h)
 
     @staticmethod
-    def backward(ctx, du: torch.Tensor, dpost: torch.Tensor, dcomb: torch.Tensor):
+    def backward(ctx, du: torch.Tensor, dpost: torch.Tensor, dcomb: torch.Tensor, dh_through: torch.Tensor):
         flat, fn, base, scale, m, rstd, pre = ctx.saved_tensors
         n_tokens, hidden = flat.shape[0], ctx.h_shape[-1]
-        du = _token_major(du, hidden)
+        du, dh_through = _token_major(du, hidden), _token_major(dh_through, STREAMS * hidden)
         _, dpre = _collapse_backward(flat.view(n_tokens, STREAMS, hidden), pre, du,
                                      _resolved("mhc_collapse_bwd", n_tokens, hidden), store_dh=False)
         gates = (g.reshape(n_tokens, -1).float().contiguous() for g in (dpost, dcomb))  # materialized: never None
         dh, dfn, dbase, dscale = _glue_backward(flat, fn, base, scale, m, rstd, dpre, *gates,
-                                                _resolved("mhc_glue_bwd", n_tokens, hidden), collapse=(pre, du))
+                                                _resolved("mhc_glue_bwd", n_tokens, hidden),
+                                                collapse=(pre, du, dh_through))
         return dh.view(ctx.h_shape), dfn, dbase, dscale, None
 
 
 def mhc_enter(
     h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float = DEFAULT_EPS
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A sub-layer's entry: ``mhc_glue`` and then ``mhc_collapse`` with its ``pre``, as one op.
 
     Contract: as ``mhc_glue``'s (``h [..., 4, D]`` bf16 or fp32, any strides, copied; ``fn [24, 4D]``,
     ``base [24]`` and ``scale [3]`` fp32; one device). Returns ``u [..., D]`` in h's dtype (the
-    sub-layer's input before its norm), fp32 ``post [..., 4]`` and the Sinkhorn logits
-    ``comb [..., 4, 4]``; differentiable in h and every parameter, with one dh (``_Entry``).
+    sub-layer's input before its norm), fp32 ``post [..., 4]``, the Sinkhorn logits ``comb [..., 4, 4]``
+    and h itself, to hand to ``mhc_expand`` in h's place; differentiable in h and every parameter,
+    with one dh for all of h's uses (``_Entry``).
     """
     _check_glue_inputs(h, fn, base, scale)
     return _Entry.apply(h, fn.contiguous(), base.contiguous(), scale.contiguous(), eps)
@@ -919,10 +926,10 @@ def mhc_enter(
 
 def mhc_enter_reference(
     h: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float = DEFAULT_EPS
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Eager (differentiable) math of ``mhc_enter``: the references of the glue and the collapse."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eager (differentiable) math of ``mhc_enter``: the references of the glue and the collapse, and h."""
     pre, post, comb = mhc_glue_reference(h, fn, base, scale, eps)
-    return mhc_collapse_reference(h, pre), post, comb
+    return mhc_collapse_reference(h, pre), post, comb, h
 
 
 def mhc_collapse_reference(h: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:

@@ -100,20 +100,23 @@ def test_glue_forward_and_gradients_match_eager(lead, hidden, dtype):
 )
 def test_entry_is_the_glue_then_the_collapse_in_one_op_forward_and_backward(lead, hidden, dtype):
     (h, fn, base, scale), (_, grad_post, grad_comb) = _glue_problem(lead, hidden, dtype)
-    grad_u = torch.randn(*lead, hidden, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
+    gen = torch.Generator().manual_seed(2)
+    grad_u = torch.randn(*lead, hidden, generator=gen).to(DEVICE, dtype)
+    grad_h = torch.randn(*lead, 4, hidden, generator=gen).to(DEVICE, dtype)  # what the expand hands back
     ours, theirs = _leaves(h, fn, base, scale), _leaves(h, fn, base, scale, upcast=True)
     outputs = mhc_enter(*ours)
-    torch.autograd.backward(outputs, (grad_u, grad_post, grad_comb))
+    torch.autograd.backward(outputs, (grad_u, grad_post, grad_comb, grad_h))
     expected = mhc_enter_reference(*theirs)
-    torch.autograd.backward(expected, (grad_u.float(), grad_post, grad_comb))
+    torch.autograd.backward(expected, (grad_u.float(), grad_post, grad_comb, grad_h.float()))
 
-    u, post, comb = outputs
+    u, post, comb, h_through = outputs
     assert u.shape == (*lead, hidden) and u.dtype == dtype
     assert post.shape == (*lead, 4) and comb.shape == (*lead, 4, 4)
+    assert h_through.dtype == dtype and torch.equal(h_through, h)
     _close(u, expected[0], **_tol(dtype))
     _close(post, expected[1], **FP32_TOL)
     _close(comb, expected[2], **FP32_TOL)
-    # dh: the glue's part and the collapse's pre_j du, added inside the glue backward
+    # dh: the glue's part, the collapse's pre_j du and the expand's, summed inside the glue backward
     assert ours[0].grad.dtype == dtype
     _close(ours[0].grad, theirs[0].grad, **_tol(dtype))
     for grad, ref in zip((leaf.grad for leaf in ours[1:]), (leaf.grad for leaf in theirs[1:])):

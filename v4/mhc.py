@@ -48,16 +48,18 @@ class HyperConnection(nn.Module):
         self.scale.fill_(1.0)
         self.norm.fill_(1.0)
 
-    def _enter(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        u, post, comb_logits = self.ops.mhc_enter(h, self.fn, self.base, self.scale, self.eps)  # glue, collapse
+    def _enter(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The sub-layer's input, post, the mixing matrix, and h as the entry hands it on (``mhc_enter``:
+        the expand takes h from it, so that all of h's gradient is summed in one kernel)."""
+        u, post, comb_logits, h = self.ops.mhc_enter(h, self.fn, self.base, self.scale, self.eps)
         comb = self.ops.sinkhorn(comb_logits, self.iters, self.eps)
-        return self.ops.rms_norm(u, self.norm, self.norm_eps), post, comb
+        return self.ops.rms_norm(u, self.norm, self.norm_eps), post, comb, h
 
     def forward(self, h: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         if not self.recompute:
-            x, post, comb = self._enter(h)
+            x, post, comb, h = self._enter(h)
             return self.ops.mhc_expand(sublayer(x), h, post, comb)
-        x, post, comb = checkpoint(self._enter, h, use_reentrant=False)
+        x, post, comb, h = checkpoint(self._enter, h, use_reentrant=False)
         return checkpoint(self.ops.mhc_expand, sublayer(x), h, post, comb, use_reentrant=False)
 
 

@@ -41,7 +41,7 @@ class Ops:
 
     rms_norm: Callable[..., Tensor]
     sinkhorn: Callable[..., Tensor]
-    mhc_enter: Callable[..., tuple[Tensor, Tensor, Tensor]]  # mhc_enter(h, fn, base, scale, eps): u, post, comb logits
+    mhc_enter: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]  # (h, fn, base, scale, eps) -> u, post, comb logits, h
     mhc_collapse: Callable[..., Tensor]
     mhc_expand: Callable[..., Tensor]
     rope: Callable[..., Tensor]  # rope(x [..., H, d], pos, theta, inverse, rope_dim)
