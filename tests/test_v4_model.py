@@ -13,6 +13,7 @@ import torch
 
 from kernels.arch import kernel_device
 from v4.layout import Stage, parse_layout
+from v4.attention import grouped_projection
 from v4.attention_ops import compress_pool, indexer_topk, rope_tail, sparse_attention
 from v4.config import PresetError, layer_kind, load_preset, preset_names
 from v4.data import MarkovTokens
@@ -462,6 +463,24 @@ def test_triton_layer_recomputing_its_mhc_keeps_its_gradients() -> None:
     assert grads_r.keys() == grads.keys()
     for name in grads:
         torch.testing.assert_close(grads_r[name], grads[name], msg=name)
+
+
+def test_grouped_projection_is_the_einsum_and_hands_back_contiguous_gradients() -> None:
+    gen = torch.Generator().manual_seed(7)
+    x, w = torch.randn(10, 4, 6, generator=gen), torch.randn(4, 3, 6, generator=gen)
+    dy = torch.randn(10, 4, 3, generator=gen)
+    ours, theirs = (x.clone().requires_grad_(), w.clone().requires_grad_()), (x.clone().requires_grad_(),
+                                                                               w.clone().requires_grad_())
+    y = grouped_projection(*ours)
+    y.backward(dy)
+    expected = torch.einsum("tgi,goi->tgo", *theirs)
+    expected.backward(dy)
+    torch.testing.assert_close(y, expected)
+    for got, ref in zip(ours, theirs):
+        torch.testing.assert_close(got.grad, ref.grad)
+        assert got.grad.is_contiguous()
+    with pytest.raises(ValueError, match=r"contiguous x \[T, G, I\] and w \[G, O, I\], got \[10, 4, 6\] and \[3, 3, 6\]"):
+        grouped_projection(x, w[:3])
 
 
 def test_triton_head_matches_eager() -> None:

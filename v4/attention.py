@@ -37,6 +37,41 @@ def positions(batch: int, seq: int, device: torch.device) -> Tensor:
     return torch.arange(seq, device=device).expand(batch, seq)
 
 
+class _GroupedProjection(torch.autograd.Function):
+    """``y[t, g] = w[g] @ x[t, g]`` for ``x [T, G, I]`` and ``w [G, O, I]``: the output's grouped projection
+    as batched GEMMs over x's groups in place, each writing its group's columns of ``y [T, G, O]``.
+    ``einsum("tgi,goi->tgo")`` computed the same, but its backward handed ``dx`` and ``dw`` back
+    permuted, so autograd copied both (an attention output-sized bf16 copy a layer, and the weight's)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor) -> Tensor:
+        ctx.save_for_backward(x, w)
+        y = x.new_empty(x.shape[0], w.shape[0], w.shape[1])
+        torch.bmm(x.transpose(0, 1), w.transpose(1, 2), out=y.transpose(0, 1))
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        x, w = ctx.saved_tensors
+        by_group = dy.contiguous().transpose(0, 1)  # [G, T, O]
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.empty_like(x)
+            torch.bmm(by_group, w, out=dx.transpose(0, 1))
+        if ctx.needs_input_grad[1]:
+            dw = torch.bmm(by_group.transpose(1, 2), x.transpose(0, 1))
+        return dx, dw
+
+
+def grouped_projection(x: Tensor, w: Tensor) -> Tensor:
+    """``y [T, G, O]``, ``y[t, g] = w[g] @ x[t, g]``; contract: contiguous ``x [T, G, I]`` and ``w [G, O, I]``
+    of one dtype and device; differentiable in both, every gradient in its input's layout."""
+    if x.dim() != 3 or w.dim() != 3 or x.shape[1] != w.shape[0] or x.shape[2] != w.shape[2] or not x.is_contiguous():
+        raise ValueError(f"grouped_projection takes a contiguous x [T, G, I] and w [G, O, I], got "
+                         f"{list(x.shape)} and {list(w.shape)}")
+    return _GroupedProjection.apply(x, w)
+
+
 class Compressor(nn.Module):
     """Pools every ``ratio`` tokens into one normed, RoPE'd entry of width ``dim`` → ``[B, S//ratio, dim]``.
 
@@ -152,6 +187,5 @@ class Attention(nn.Module):
         else:
             o = self._core(q, kv, kv_compressed, indices)
         o = ops.rope(o, pos, theta, True, self.rope_dim)
-        groups = self.wo_a.shape[0]
-        o = torch.einsum("bsgi,goi->bsgo", o.reshape(batch, seq, groups, -1), self.wo_a)
-        return F.linear(o.flatten(2), self.wo_b)
+        o = grouped_projection(o.reshape(batch * seq, self.wo_a.shape[0], -1), self.wo_a)
+        return F.linear(o.view(batch, seq, -1), self.wo_b)
