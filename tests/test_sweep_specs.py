@@ -128,17 +128,23 @@ def test_warp_specialized_group_sweeps_4_warp_tma_tiles_beside_what_each_shape_r
             assert {p: v for p, (v,) in spec.space.items()} == runs_now
 
 
-def test_model_groups_sweep_the_launches_the_table_misses_with_the_trials_asked(tmp_path, monkeypatch):
+def test_model_groups_sweep_the_launches_the_table_misses_with_the_trials_asked(tmp_path, monkeypatch, request):
+    from kernels import tuning
     from tuner.train.model_shapes import model_launches
     from v4.config import load_preset
 
+    # no table at all, whatever the package ships: every launch of the step is one to sweep
+    monkeypatch.setattr(tuning, "SHIPPED_TABLES", tmp_path / "shipped")
+    monkeypatch.setenv("TUNER_TABLES_DIR", str(tmp_path / "user"))
+    tuning.clear_cache()
+    request.addfinalizer(tuning.clear_cache)  # the lookups cached here know no table
     monkeypatch.setenv("SWEEP_TRIALS", "5")
     run_main(monkeypatch, str(tmp_path / "proxy"), "proxy-8l")
     written = [yaml.safe_load(p.read_text()) for p in sorted((tmp_path / "proxy").glob("*.yaml"))]
     missing = [l for l in model_launches(load_preset("proxy-8l"), 4096, 1, 1, "sm_90") if l.source == "default"]
     assert {(w["kernel"], tuple(s.items())) for w in written for s in w["shapes"]} == {
         (l.kernel, tuple(l.shape.items())) for l in missing}
-    assert {w["budget"]["max_trials"] for w in written} == {5}
+    assert len(missing) == 59 and {w["budget"]["max_trials"] for w in written} == {5}
     monkeypatch.setenv("SWEEP_TRIALS", "0")
     with pytest.raises(SystemExit) as exit_info:
         run_main(monkeypatch, str(tmp_path / "none"), "proxy-8l")
