@@ -14,7 +14,7 @@ from kernels.arch import kernel_device
 from kernels.compressor import compressor_pool, compressor_pool_reference
 from kernels.grouped_gemm import expert_mlp, expert_mlp_reference
 from kernels.indexer import indexer_topk, indexer_topk_reference
-from kernels.mhc import mhc_collapse, mhc_expand, mhc_glue
+from kernels.mhc import mhc_collapse, mhc_enter, mhc_expand, mhc_glue
 from kernels.moe_combine import moe_combine
 from kernels.rmsnorm import rms_norm, rms_norm_reference
 from kernels.rope import rope, rope_reference
@@ -64,6 +64,9 @@ REFUSED = [
     ("sinkhorn iters not an int", lambda: sinkhorn(_randn(2, 4, 4), 2.5), "iters must be an int >= 1"),
     ("mhc_glue fn dtype", lambda: mhc_glue(_H, _randn(24, 32, dtype=torch.bfloat16), _randn(24), _randn(3)),
      "fn must be [24, 32] float32"),
+    ("mhc_enter scale shape", lambda: mhc_enter(_H, _randn(24, 32), _randn(24), _randn(2)), "scale must be [3] float32"),
+    ("mhc_enter 3-stream h", lambda: mhc_enter(_randn(2, 3, 8), _randn(24, 24), _randn(24), _randn(3)),
+     "h must be [..., 4, D]"),
     ("mhc_collapse pre shape", lambda: mhc_collapse(_H, _randn(2, 3)), "pre must be [2, 4] float32"),
     ("mhc_expand f dtype", lambda: mhc_expand(_randn(2, 8, dtype=torch.bfloat16), _H, _randn(2, 4), _randn(2, 4, 4)),
      "f must be [2, 8]"),
