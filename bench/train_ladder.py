@@ -340,7 +340,7 @@ STEP_CLASSES = (("gemm_ms", "GEMMs", "#1f77b4"), ("attention_ms", "attention", "
 IDLE = ("device idle", "#ddd")  # the rest of the step's wall time
 
 
-PARITY_COLORS = ["#888", "#d62728", "#1f77b4", "#ff7f0e", "#2ca02c"]
+CURVE_COLORS = ["#888", "#d62728", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"]  # one a rung, or a parity run
 
 
 def _step_panel(rungs: dict[str, dict[str, Any]], top: int, width: int) -> list[str]:
@@ -377,13 +377,13 @@ def _parity_panel(small: dict[str, Any], top: int, width: int) -> list[str]:
     plot_h = PARITY_PANEL_HEIGHT - 50
     parts = [f'<text x="8" y="{top}">loss parity (gbs {small["gbs"]}, seq {small["seq"]}): |loss - eager\'s| / eager\'s '
              f'per step, 0 .. {high:.1%}: ' + ", ".join(
-                 f'<tspan fill="{PARITY_COLORS[i % len(PARITY_COLORS)]}">{name}</tspan>' for i, name in enumerate(gaps))
+                 f'<tspan fill="{CURVE_COLORS[i % len(CURVE_COLORS)]}">{name}</tspan>' for i, name in enumerate(gaps))
              + "</text>"]
     for i, gap in enumerate(gaps.values()):
         points = " ".join(f"{20 + (width - 60) * step / max(steps - 1, 1):.1f},{top + 12 + plot_h * (1 - g / high):.1f}"
                           for step, g in enumerate(gap))
         dash = ' stroke-dasharray="4 3"' if i == 0 else ""
-        parts.append(f'<polyline points="{points}" fill="none" stroke="{PARITY_COLORS[i % len(PARITY_COLORS)]}" '
+        parts.append(f'<polyline points="{points}" fill="none" stroke="{CURVE_COLORS[i % len(CURVE_COLORS)]}" '
                      f'stroke-width="1.2"{dash}/>')
     return parts
 
@@ -405,13 +405,12 @@ def plot_svg(figures: dict[str, Any], width: int = 720, height: int = 300) -> st
              f'<text x="8" y="14">model TFLOP/s per GPU ({figures["preset"]}, gbs {figures["gbs"]}, '
              f'seq {figures["seq"]}, {figures["device"]})</text>',
              f'<text x="{half + 8}" y="14">loss per step</text>']
-    colors = ["#888", "#d62728", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"]
     top = max((r["model_tflops_per_gpu"] for r in rungs.values()), default=1.0) or 1.0
     bar = (half - 40) / max(len(rungs), 1)
     for i, (name, r) in enumerate(rungs.items()):
         h = (panels_height - 80) * r["model_tflops_per_gpu"] / top
         x, y = 20 + i * bar, panels_height - 50 - h
-        parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar * 0.7:.1f}" height="{h:.1f}" fill="{colors[i % len(colors)]}"/>')
+        parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar * 0.7:.1f}" height="{h:.1f}" fill="{CURVE_COLORS[i % len(CURVE_COLORS)]}"/>')
         parts.append(f'<text x="{x:.1f}" y="{y - 4:.1f}">{r["model_tflops_per_gpu"]:.1f}</text>')
         parts.append(f'<text x="{x:.1f}" y="{panels_height - 36}" font-size="9">{name}</text>')
     curves = [r["losses"] for r in rungs.values()]
@@ -421,7 +420,7 @@ def plot_svg(figures: dict[str, Any], width: int = 720, height: int = 300) -> st
         for i, losses in enumerate(curves):
             points = " ".join(f"{half + 20 + (half - 40) * s / max(steps - 1, 1):.1f},"
                               f"{30 + (panels_height - 80) * (high - v) / span:.1f}" for s, v in enumerate(losses))
-            parts.append(f'<polyline points="{points}" fill="none" stroke="{colors[i % len(colors)]}" stroke-width="1.2"/>')
+            parts.append(f'<polyline points="{points}" fill="none" stroke="{CURVE_COLORS[i % len(CURVE_COLORS)]}" stroke-width="1.2"/>')
         parts.append(f'<text x="{half + 20}" y="{panels_height - 36}">{low:.3f} .. {high:.3f} over {steps} steps</text>')
     if profiled:
         parts += _step_panel(rungs, panels_height - 10, width)

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from kernels.arch import as_interpreter
 from kernels import registry
+from kernels.arch import as_interpreter
 from kernels.registry import Shape
 from kernels.tuning import Source, recorded_lookups, source_on
 from tuner.train.profile_layers import pieces
