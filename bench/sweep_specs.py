@@ -821,23 +821,30 @@ def model_trials() -> int:
     return int(raw)
 
 
-def model_specs(preset: str, ep: int = 1, seq: int = 4096, trials: int = MODEL_TRIALS) -> list[tuple[str, dict]]:
+def model_specs(preset: str, ep: int = 1, seq: int = 4096, trials: int = MODEL_TRIALS,
+                kernels: tuple[str, ...] | None = None) -> list[tuple[str, dict]]:
     """TPE sweeps of the launches ``preset``'s training step (mbs 1, expert parallelism ``ep``) makes at
     shapes the committed sm_90 table has no entry for (``tuner sweep shapes``). The proxy's widths match
     none of the Flash and Pro presets' exact fields (45 of its 59 launches ran their defaults with the
     tuned table); Flash and Pro at EP 8 miss their routers' local expert counts, the shared expert, the
-    narrow RMSNorms, the up GEMM's dW and the loss (23 of 61, 27 of 61)."""
+    narrow RMSNorms, the up GEMM's dW and the loss (23 of 61, 27 of 61). With ``kernels``, every launch
+    of those kernels instead, entry or not: a re-sweep."""
     from tuner.train.model_shapes import model_launches, sweep_specs
     from v4.config import load_preset
 
-    missing = [launch for launch in model_launches(load_preset(preset), seq, 1, ep, "sm_90") if launch.source == "default"]
-    return [(f"{body['kernel']}-{preset}", body) for body in sweep_specs(missing, "sm_90", trials)]
+    launches = model_launches(load_preset(preset), seq, 1, ep, "sm_90")
+    chosen = [launch for launch in launches
+              if (launch.kernel in kernels if kernels is not None else launch.source == "default")]
+    return [(f"{body['kernel']}-{preset}", body) for body in sweep_specs(chosen, "sm_90", trials)]
 
 
 SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "proxy-8l": lambda: model_specs("proxy-8l", trials=model_trials()),
     "v4-flash-ep8": lambda: model_specs("v4-flash", ep=8, trials=model_trials()),
     "v4-pro-ep8": lambda: model_specs("v4-pro", ep=8, trials=model_trials()),
+    # the proxy's expert GEMMs again, device-timed: their entries were ranked by CUDA events around
+    # launches whose host path rivals their device time, and lost 13.5 ms in the replayed H200 step
+    "proxy-8l-gemms": lambda: model_specs("proxy-8l", trials=model_trials(), kernels=EXPERT_GEMMS),
     "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
     "gemm-untuned": untuned_gemm_specs,
     "gemm-warp-specialized": warp_specialized_gemm_specs,

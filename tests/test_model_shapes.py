@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from kernels import registry, tuning
 from tuner.cli.main import app
 from tuner.sweep.spec import parse_spec
-from tuner.train.model_shapes import graph_timed, model_launches, sweep_specs
+from tuner.train.model_shapes import graph_timed, memory_bound, model_launches, sweep_specs
 from v4.config import load_preset
 
 TINY = load_preset("tiny")
@@ -59,18 +59,22 @@ def test_expert_parallelism_divides_the_experts_a_layer_launches_over():
     assert TINY.experts // 2 in experts and TINY.experts not in experts
 
 
-def test_specs_put_the_compute_bound_first_and_graph_time_the_rest():
+def test_specs_put_the_compute_bound_first_and_graph_time_the_short_launches():
     launches = model_launches(load_preset("proxy-8l"), 4096, 1, 1, "sm_90")  # at tiny's size all is memory-bound
     specs = sweep_specs(launches, "sm_90", trials=5)
     assert sorted(s["kernel"] for s in specs) == sorted({l.kernel for l in launches})
-    timed = ["timing" in s for s in specs]
-    assert timed == sorted(timed) and any(timed) and not all(timed)  # the graph-timed ones last
+    bound = [all(memory_bound(s["kernel"], shape) for shape in s["shapes"]) for s in specs]
+    assert bound == sorted(bound) and any(bound) and not all(bound)  # the memory-bound ones last
     for body in specs:
         parsed = parse_spec(yaml.safe_load(yaml.safe_dump(body)))  # a spec the queue takes
         assert parsed.budget.max_trials == 5 and parsed.strategy.name == "tpe"
         assert ("timing" in body) == all(graph_timed(body["kernel"], s) for s in body["shapes"])
     assert graph_timed("rmsnorm_fwd", {"tokens": 4096, "hidden": 2048})
-    assert not graph_timed("expert_up_fwd", {"tokens": 24576, "experts": 32, "hidden": 2048, "ffn": 1024, "skew": 0})
+    # the proxy's expert GEMMs: compute-bound, yet as short as their host path
+    proxy_gemm = {"tokens": 24576, "experts": 32, "hidden": 2048, "ffn": 1024, "skew": 0}
+    assert not memory_bound("expert_up_fwd", proxy_gemm) and graph_timed("expert_up_fwd", proxy_gemm)
+    # V4-Pro's up GEMM at a 16,384-token micro-batch runs for milliseconds: CUDA events time the device
+    assert not graph_timed("expert_up_fwd", {"tokens": 98304, "experts": 48, "hidden": 7168, "ffn": 3072, "skew": 0})
 
 
 def test_the_command_lists_the_launches_and_writes_specs_for_the_missing(tmp_path: Path):

@@ -149,3 +149,19 @@ def test_model_groups_sweep_the_launches_the_table_misses_with_the_trials_asked(
     with pytest.raises(SystemExit) as exit_info:
         run_main(monkeypatch, str(tmp_path / "none"), "proxy-8l")
     assert exit_info.value.code == 2 and not (tmp_path / "none").exists()
+
+
+def test_the_proxy_gemm_group_resweeps_every_expert_gemm_launch_device_timed(tmp_path, monkeypatch):
+    from bench.sweep_specs import EXPERT_GEMMS
+    from tuner.train.model_shapes import model_launches
+    from v4.config import load_preset
+
+    monkeypatch.setenv("SWEEP_TRIALS", "4")
+    run_main(monkeypatch, str(tmp_path / "gemms"), "proxy-8l-gemms")
+    written = [yaml.safe_load(p.read_text()) for p in sorted((tmp_path / "gemms").glob("*.yaml"))]
+    launches = [l for l in model_launches(load_preset("proxy-8l"), 4096, 1, 1, "sm_90") if l.kernel in EXPERT_GEMMS]
+    # entry or not (the shipped table may hold them all): the routed experts' and the shared expert's shapes
+    assert {(w["kernel"], tuple(s.items())) for w in written for s in w["shapes"]} == {
+        (l.kernel, tuple(l.shape.items())) for l in launches}
+    assert {w["kernel"] for w in written} == set(EXPERT_GEMMS) and len(launches) == 12
+    assert all(w["timing"] == {"method": "cudagraph"} and w["budget"]["max_trials"] == 4 for w in written)

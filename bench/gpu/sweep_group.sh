@@ -6,7 +6,8 @@
 #   sweeps.db     every trial (the export's provenance), kept as trials finish
 #   sm_90.json    the exported table, ready to replace kernels/tables/sm_90.json
 #   serve.log, export.log, status.log
-# SWEEP_TRIALS=N: TPE trials a shape of the model groups (proxy-8l, v4-flash-ep8, v4-pro-ep8; default 12).
+# SWEEP_TRIALS=N: TPE trials a shape of the model groups (proxy-8l, v4-flash-ep8, v4-pro-ep8, proxy-8l-gemms;
+# default 12).
 # Usage (GPU host, bundle carried): source .gpubundle/install.sh && bash bench/gpu/sweep_group.sh [GROUP]
 set -uo pipefail
 group=${1:-gemm-untuned}
