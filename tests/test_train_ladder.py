@@ -143,27 +143,31 @@ def test_targets_judge_the_measured_rungs_and_say_when_eager_is_missing():
 
 
 def test_parity_at_a_smaller_size_is_judged_against_eagers_own_noise(monkeypatch):
-    curves = {"eager": [4.0, 3.0, 2.0], "eager-perturbed": [4.0, 3.0, 2.006],
+    curves = {"eager": [4.0, 3.0, 2.0], "eager-perturbed": [4.0, 3.0, 2.006], "eager-perturbed-2": [4.0, 3.0, 2.002],
               "triton-defaults": [4.0, 3.0, 2.01], "triton-tuned": [4.0, 3.3, 2.0]}
     order = iter(curves)
     calls = []
 
-    def fake(rung, args, device, weight_noise=0.0):
-        calls.append((rung, args.seq, args.gbs, weight_noise))
+    def fake(rung, args, device, weight_noise=0.0, noise_seed=0):
+        calls.append((rung, args.seq, args.gbs, weight_noise, noise_seed))
         return train_ladder.summarize(_answer([1.0] * 3, curves[next(order)], 10.0), 1)
 
     monkeypatch.setattr(train_ladder, "_train_rung", fake)
     triton_rungs = ["triton-defaults", "triton-tuned"]
-    small = train_ladder.parity_run(_args("--parity-seq", "256", "--parity-gbs", "2"), "cpu", triton_rungs)
-    assert calls == [("eager", 256, 2, 0.0), ("eager", 256, 2, train_ladder.WEIGHT_NOISE),
-                     ("triton-defaults", 256, 2, 0.0), ("triton-tuned", 256, 2, 0.0)]
-    assert small["eager_noise"] == pytest.approx(0.003)
+    small = train_ladder.parity_run(_args("--parity-seq", "256", "--parity-gbs", "2", "--parity-noise-runs", "2"),
+                                    "cpu", triton_rungs)
+    noise = train_ladder.WEIGHT_NOISE
+    assert calls == [("eager", 256, 2, 0.0, 0), ("eager", 256, 2, noise, 0), ("eager", 256, 2, noise, 1),
+                     ("triton-defaults", 256, 2, 0.0, 0), ("triton-tuned", 256, 2, 0.0, 0)]
+    assert small["eager_noise_runs"] == [pytest.approx(0.003), pytest.approx(0.001)]
+    assert small["eager_noise"] == pytest.approx(0.003)  # the largest draw
     assert small["band"] == pytest.approx(train_ladder.BF16_NOISE)  # 0.3% is under two bf16 ulps
     assert small["rungs"]["triton-defaults"] == {"max_rel_diff": pytest.approx(0.005), "within_noise": True}
     assert small["rungs"]["triton-tuned"]["within_noise"] is False
-    curves["eager-perturbed"] = [4.0, 3.0, 2.4]  # rounding alone moves the curve 20%: both rungs are within it
+    curves["eager-perturbed-2"] = [4.0, 3.0, 2.4]  # rounding alone moves the curve 20%: both rungs are within it
     order = iter(curves)
-    wide = train_ladder.parity_run(_args("--parity-seq", "256", "--parity-gbs", "2"), "cpu", triton_rungs)
+    wide = train_ladder.parity_run(_args("--parity-seq", "256", "--parity-gbs", "2", "--parity-noise-runs", "2"),
+                                   "cpu", triton_rungs)
     assert wide["band"] == pytest.approx(0.2) and all(r["within_noise"] for r in wide["rungs"].values())
     figures = {"rungs": {"eager": {"status": "oom"}}, "parity": small}
     row = train_ladder.targets(figures)[-1]

@@ -136,11 +136,14 @@ def test_recompute_lowers_the_measured_activations(world_of_one) -> None:
 
 
 def test_weight_noise_moves_the_first_loss_by_rounding_size_and_repeats(world_of_one) -> None:
-    plain, noisy, again = (train(RunConfig(**{**BASE, "warmup_iters": 0}, iters=1, weight_noise=noise))
-                           for noise in (0.0, 2 ** -8, 2 ** -8))
-    assert all(r.status == "ok" for r in (plain, noisy, again))
+    plain, noisy, again, other = (
+        train(RunConfig(**{**BASE, "warmup_iters": 0}, iters=1, weight_noise=noise, weight_noise_seed=draw))
+        for noise, draw in ((0.0, 0), (2 ** -8, 0), (2 ** -8, 0), (2 ** -8, 1)))
+    assert all(r.status == "ok" for r in (plain, noisy, again, other))
     assert noisy.losses == again.losses  # seeded: the same perturbation each time
     assert noisy.losses[0] != plain.losses[0] and noisy.losses[0] == pytest.approx(plain.losses[0], rel=1e-2)
+    assert other.losses[0] not in (noisy.losses[0], plain.losses[0])  # another draw: another perturbation
+    assert other.losses[0] == pytest.approx(plain.losses[0], rel=1e-2)
 
 
 def test_out_of_memory_is_reported_not_raised(world_of_one, monkeypatch) -> None:

@@ -79,6 +79,8 @@ class RunConfig(BaseModel):
     weight_noise: float = Field(0.0, ge=0, le=0.01, description=(
         "relative Gaussian noise multiplied into every weight after init: at bf16 rounding size it measures how "
         "far rounding alone moves the loss curve (the training ladder's parity band)"))
+    weight_noise_seed: int = Field(0, ge=0, description=(
+        "which draw of that noise: several perturbed runs give the parity band its spread"))
     kernels: Kernels = "eager"
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
@@ -240,7 +242,7 @@ class _Run:
             build_stage(config, layout.stages[s], plan, run.kernels, self.device, dtype, run.seed)
             for s in self.stage_ids]
         if run.weight_noise:
-            _perturb([p for m in self.modules for p in m.parameters()], run.weight_noise, run.seed)
+            _perturb([p for m in self.modules for p in m.parameters()], run.weight_noise, run.seed + run.weight_noise_seed)
         stages = [PipelineStage(module, s, len(layout.stages), self.device,
                                 *stage_io(config, layout, s, run.mbs, run.seq, dtype), group=grid.pp_group)
                   for module, s in zip(self.modules, self.stage_ids)]

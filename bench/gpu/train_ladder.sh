@@ -10,7 +10,8 @@
 # and logs in $OUT/sweep.tar.gz.
 # Writes the record, the plot, the plan and the logs under $OUT; a run cut short leaves
 # train_ladder.json.partial, the rungs it finished.
-# PARITY_SEQ=0 leaves the loss-parity runs out (throughput alone, in about half the time).
+# PARITY_SEQ=0 leaves the loss-parity runs out (throughput alone, in about half the time); PARITY_NOISE_RUNS=N
+# perturbed eager runs give the parity band (default 3).
 # REPEAT=<rungs> trains those rungs a second time: how far their losses move from one run to the next.
 # PROFILE_STEP=1 profiles one more step per rung: its device time by kernel class, and how busy the GPU was.
 # Usage (GPU host): source .gpubundle/install.sh && bash bench/gpu/train_ladder.sh
@@ -46,6 +47,6 @@ fi
 rungs=${RUNGS:-eager,triton-defaults,triton-tuned${RECOMPUTE:+,triton-tuned-recompute}}
 python3 -m bench train_ladder --record "$out/train_ladder.json" --preset proxy-8l --gbs 8 --mbs 1 --seq 4096 \
   --iters 20 --warmup-iters 3 --rungs "$rungs" ${RECOMPUTE:+--recompute "$RECOMPUTE"} --timeout "${RUNG_TIMEOUT:-150}" \
-  --parity-seq "${PARITY_SEQ:-1024}" --repeat "${REPEAT:-}" ${PROFILE_STEP:+--profile-step} \
+  --parity-seq "${PARITY_SEQ:-1024}" --parity-noise-runs "${PARITY_NOISE_RUNS:-3}" --repeat "${REPEAT:-}" ${PROFILE_STEP:+--profile-step} \
   2>&1 | tee "$out/train_ladder.log"
 python3 -m bench.train_ladder --plot "$out/train_ladder.json" "$out/train_ladder.svg"
