@@ -33,8 +33,9 @@ Launches (each a registered tunable kernel):
   of the loop's MMAs (4 waits a step at the default tile, offline sm_90 compile, 2026-12-04d).
 
 Scheduling of the token-row launches: one launch covers every expert. A tile table built on
-the device from ``expert_offsets`` (per-expert tile counts, their cumulative sum and a
-``searchsorted``; no host sync) maps each row-tile index to (expert, first row, row end).
+the device from ``expert_offsets`` by a launch of its own (``_tile_table_kernel``: per-expert tile
+counts, their cumulative sum, and each tile's expert; no host sync) maps each row-tile index to
+(expert, first row, row end).
 The grid is sized by the bound ``T // BLOCK_M + min(E, T)`` on the number of row tiles;
 programs past the last real tile return at once, and an empty expert has no tiles. The
 program id is swizzled over groups of ``GROUP_M`` row tiles so that consecutive programs
@@ -262,8 +263,36 @@ def _grouped_wgrad_kernel(
     tl.store(grad_out_ptr + offsets, acc.to(grad_out_ptr.dtype.element_ty), mask=mask)
 
 
-def _tile_table(offsets: Tensor, block_m: int, n_rows: int) -> tuple[Tensor, int]:
-    """int32 ``[3, tiles]`` (expert or -1, first row, row end) per row tile, and the bound ``tiles``."""
+_TILE_IDS = 64  # row tiles a program of ``_tile_table_kernel`` fills
+
+
+@triton.jit
+def _tile_table_kernel(offsets_ptr, table_ptr, n_experts, tiles, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
+                       BLOCK_T: tl.constexpr):
+    """Rows ``[pid * BLOCK_T, + BLOCK_T)`` of the tile table (``tile_table_reference``); every program reads
+    every expert's offsets (``BLOCK_E`` >= the expert count) and counts their tiles itself."""
+    ids = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    e = tl.arange(0, BLOCK_E)
+    in_e = e < n_experts
+    start = tl.load(offsets_ptr + e, mask=in_e, other=0)
+    stop = tl.load(offsets_ptr + e + 1, mask=in_e, other=0)
+    per_expert = (stop - start + BLOCK_M - 1) // BLOCK_M
+    ends = tl.cumsum(per_expert, axis=0)
+    # searchsorted(ends, ids, right=True): the experts whose tiles all end at or before each id
+    expert = tl.sum(((ends[None, :] <= ids[:, None]) & in_e[None, :]).to(tl.int32), axis=1)
+    valid = expert < n_experts
+    expert = tl.minimum(expert, n_experts - 1)
+    first_tile = tl.sum(tl.where(e[None, :] == expert[:, None], (ends - per_expert)[None, :], 0), axis=1)
+    first_row = tl.load(offsets_ptr + expert) + (ids - first_tile) * BLOCK_M
+    row_end = tl.where(valid, tl.load(offsets_ptr + expert + 1), 0)
+    in_t = ids < tiles
+    tl.store(table_ptr + ids, tl.where(valid, expert, -1), mask=in_t)
+    tl.store(table_ptr + tiles + ids, first_row, mask=in_t)
+    tl.store(table_ptr + 2 * tiles + ids, row_end, mask=in_t)
+
+
+def tile_table_reference(offsets: Tensor, block_m: int, n_rows: int) -> Tensor:
+    """Eager form of the tile table: int32 ``[3, tiles]`` (expert or -1, first row, row end) per row tile."""
     n_experts = offsets.numel() - 1
     tiles = n_rows // block_m + min(n_experts, n_rows)
     per_expert = (offsets[1:] - offsets[:-1]).long().add(block_m - 1).div(block_m, rounding_mode="floor")
@@ -274,7 +303,20 @@ def _tile_table(offsets: Tensor, block_m: int, n_rows: int) -> tuple[Tensor, int
     expert = expert.clamp(max=n_experts - 1)
     first_row = offsets[expert] + (ids - ends[expert] + per_expert[expert]) * block_m
     row_end = torch.where(valid, offsets[expert + 1], 0)
-    return torch.stack([torch.where(valid, expert, -1), first_row, row_end]).int(), tiles
+    return torch.stack([torch.where(valid, expert, -1), first_row, row_end]).int()
+
+
+def _tile_table(offsets: Tensor, block_m: int, n_rows: int, compile_only: bool = False) -> tuple[Tensor, int]:
+    """int32 ``[3, tiles]`` (expert or -1, first row, row end) per row tile, and the bound ``tiles``, in one
+    launch: the eager form's dozen small ops cost a token-row launch about 0.3 ms of host time (the sweeps'
+    ``host_ms``), which an un-replayed step waits on. ``offsets``: int32 ``[E + 1]``, contiguous."""
+    n_experts = offsets.numel() - 1
+    tiles = n_rows // block_m + min(n_experts, n_rows)
+    table = torch.empty(3, tiles, dtype=torch.int32, device=offsets.device)
+    launch(_tile_table_kernel, (cdiv(tiles, _TILE_IDS),), (offsets, table, n_experts, tiles),
+           {"BLOCK_M": block_m, "BLOCK_E": max(16, next_pow2(n_experts)), "BLOCK_T": _TILE_IDS},
+           {"num_warps": 4, "num_stages": 1}, compile_only)
+    return table, tiles
 
 
 def _tile_constexprs(config: Config) -> dict[str, Any]:
@@ -314,7 +356,7 @@ def _gemm(
     """``out[rows of e] = epilogue(a[rows of e] @ b[e])`` for every expert e; ``b`` is a ``[E, K, N]`` view."""
     n_rows, k = a.shape
     n = b.shape[2] // 2 if epilogue == "swiglu" else b.shape[2]
-    table, tiles_m = _tile_table(offsets, config["BLOCK_M"], n_rows)
+    table, tiles_m = _tile_table(offsets, config["BLOCK_M"], n_rows, compile_only)
     a_ref, b_ref, tma = _operands(a, b, config)
     launch(
         _grouped_gemm_kernel,

@@ -133,6 +133,25 @@ def test_tile_table_skips_empty_experts():
     assert table[1][valid].tolist() == [0, 5, 21] and table[2][valid].tolist() == [5, 22, 22]
 
 
+@pytest.mark.parametrize("experts, block_m", [(1, 128), (9, 16), (32, 64), (300, 32)])
+def test_tile_table_launch_matches_its_eager_form(experts, block_m):
+    gen = torch.Generator().manual_seed(experts)
+    loads = torch.randint(0, 3 * block_m, (experts,), generator=gen)
+    loads[::4] = 0  # empty experts, the first among them
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), loads.cumsum(0)]).int().to(DEVICE)
+    n_rows = int(offsets[-1])
+    table, tiles = grouped_gemm._tile_table(offsets, block_m, n_rows)
+    reference = grouped_gemm.tile_table_reference(offsets, block_m, n_rows)
+    assert table.dtype == torch.int32 and table.shape == (3, tiles) == reference.shape
+    assert torch.equal(table.cpu(), reference.cpu())
+
+
+def test_tile_table_of_no_rows_is_empty():
+    offsets = torch.zeros(5, dtype=torch.int32, device=DEVICE)
+    table, tiles = grouped_gemm._tile_table(offsets, 64, 0)
+    assert tiles == 0 and table.shape == (3, 0)
+
+
 @pytest.mark.parametrize("block_m", [16, 64])
 def test_tile_table_covers_every_row_once(block_m):
     gen = torch.Generator().manual_seed(block_m)
