@@ -55,3 +55,26 @@ def test_status_shows_the_best_configs_host_time_and_whether_it_is_host_bound():
     assert "0.0450 host-bound" in lines["n=1"]
     assert "0.0600" in lines["n=2"] and "host-bound" not in lines["n=2"]
     assert "host-bound" not in lines["n=3"]
+
+
+def test_progress_in_a_log_is_a_line_per_finished_trial():
+    import io
+    import re
+
+    from rich.progress import Progress
+
+    log = io.StringIO()
+    with Progress(console=Console(file=log, force_terminal=False, width=200)) as progress:
+        update = display.progress_callback(progress, 3, "rmsnorm_fwd")
+        update("n=64", 0, 5, None)
+        update("n=64", 1, 5, 0.25)
+        update("n=64", 1, 5, 0.25)  # the same count again: no new line
+        update("n=64", 2, 5, 0.125)
+    lines = [line for line in log.getvalue().splitlines() if "sweep 3" in line and "/5" in line]
+    assert [re.sub(r"^\d\d:\d\d:\d\d ", "", line) for line in lines] == [
+        "sweep 3 rmsnorm_fwd n=64: 0/5, best -", "sweep 3 rmsnorm_fwd n=64: 1/5, best 0.2500 ms",
+        "sweep 3 rmsnorm_fwd n=64: 2/5, best 0.1250 ms"]
+    terminal = io.StringIO()
+    with Progress(console=Console(file=terminal, force_terminal=True, width=200)) as progress:
+        display.progress_callback(progress, 3, "rmsnorm_fwd")("n=64", 1, 5, 0.25)
+    assert ": 1/5, best" not in terminal.getvalue()  # a terminal has the bar alone

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
@@ -30,14 +31,21 @@ def sweep_progress() -> Progress:
 
 
 def progress_callback(progress: Progress, sweep_id: int, kernel: str) -> ProgressFn:
-    """A runner callback that keeps one bar per shape of the sweep."""
+    """A runner callback that keeps one bar per shape of the sweep. Where the console is not a terminal (a
+    server's log file), bars are drawn only when they stop, so each trial that finishes is also a line of its
+    own, timestamped: a log then shows how far a sweep got and when it last moved."""
     tasks: dict[str, Any] = {}
+    printed: dict[str, int] = {}
 
     def update(shape_key: str, done: int, total: int, best_ms: float | None) -> None:
         best = f"{best_ms:.4f} ms" if best_ms is not None else "-"
         if shape_key not in tasks:
             tasks[shape_key] = progress.add_task(f"sweep {sweep_id} {kernel} {shape_key}", total=total, best=best)
         progress.update(tasks[shape_key], completed=done, total=total, best=best)
+        if not progress.console.is_terminal and printed.get(shape_key) != done:
+            printed[shape_key] = done
+            progress.console.print(f"{datetime.now():%H:%M:%S} sweep {sweep_id} {kernel} {shape_key}: "
+                                   f"{done}/{total}, best {best}", soft_wrap=True)
 
     return update
 
