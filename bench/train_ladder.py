@@ -395,11 +395,10 @@ def _parity_panel(small: dict[str, Any], top: int, width: int) -> list[str]:
              f'per step, 0 .. {high:.1%}: ' + ", ".join(
                  f'<tspan fill="{CURVE_COLORS[i % len(CURVE_COLORS)]}">{name}</tspan>' for i, name in enumerate(gaps))
              + "</text>"]
-    names = list(gaps)
-    for i, gap in enumerate(gaps.values()):
+    for i, (name, gap) in enumerate(gaps.items()):
         points = " ".join(f"{20 + (width - 60) * step / max(steps - 1, 1):.1f},{top + 12 + plot_h * (1 - g / high):.1f}"
                           for step, g in enumerate(gap))
-        dash = ' stroke-dasharray="4 3"' if names[i].startswith("eager-perturbed") else ""
+        dash = ' stroke-dasharray="4 3"' if name.startswith("eager-perturbed") else ""
         parts.append(f'<polyline points="{points}" fill="none" stroke="{CURVE_COLORS[i % len(CURVE_COLORS)]}" '
                      f'stroke-width="1.2"{dash}/>')
     return parts
