@@ -1,10 +1,11 @@
-"""``tuner.sweep.runner.config_for_idle_worker``: what an idle device worker takes while configs compile ahead."""
+"""``tuner.sweep.runner``: what an idle device worker takes while configs compile ahead (``config_for_idle_worker``),
+and which trials the log names as holding their worker (``overdue``)."""
 
 from __future__ import annotations
 
 from collections import deque
 
-from tuner.sweep.runner import Pending, config_for_idle_worker
+from tuner.sweep.runner import SLOW_TRIAL_S, Pending, config_for_idle_worker, overdue
 from tuner.sweep.strategies import Proposal
 
 
@@ -23,3 +24,11 @@ def test_with_nothing_compiled_the_worker_takes_the_newest_config_and_its_task_i
     pending, task = config_for_idle_worker(deque(), compiling)
     assert (pending.identity, task) == ("c", "task-c") and list(compiling) == ["task-a", "task-b"]
     assert config_for_idle_worker(deque(), {}) is None
+
+
+def test_a_trial_benchmarking_past_the_threshold_is_named_once() -> None:
+    quick, slow, queued = _pending("quick"), _pending("slow"), _pending("queued")
+    quick.dispatched, slow.dispatched = 100.0, 100.0 - SLOW_TRIAL_S  # queued was never dispatched
+    assert overdue([quick, slow, queued], now=100.0 + 1.0) == [slow]
+    assert overdue([quick, slow, queued], now=100.0 + 2.0) == []  # reported already
+    assert overdue([quick, slow, queued], now=100.0 + SLOW_TRIAL_S + 1.0) == [quick]

@@ -86,10 +86,24 @@ class Pending:
     submitted: float = field(default_factory=time.monotonic)
     started_at: datetime | None = None
     requeues: int = 0
+    dispatched: float | None = None  # monotonic time its benchmark was handed to a device worker
+    reported_slow: bool = False
 
     @property
     def config(self) -> dict[str, Any]:
         return self.proposal.config
+
+
+SLOW_TRIAL_S = 30.0  # a trial benchmarking this long is named in the log (its timeout is the spec's)
+
+
+def overdue(pendings: list[Pending], now: float, after_s: float = SLOW_TRIAL_S) -> list[Pending]:
+    """The trials benchmarking for over ``after_s`` seconds at monotonic time ``now`` that were not reported
+    yet; each is returned once, so that a log names a trial that holds its worker, and only once."""
+    late = [p for p in pendings if p.dispatched is not None and not p.reported_slow and now - p.dispatched > after_s]
+    for pending in late:
+        pending.reported_slow = True
+    return late
 
 
 def config_for_idle_worker(ready: deque[Pending], compiling: dict[Any, Pending]) -> tuple[Pending, Any] | None:
@@ -279,7 +293,7 @@ class SweepRunner:
                 if compile_task is not None:
                     ray.cancel(compile_task)  # most likely still queued: its slot goes to the next config
                 worker = idle.pop()
-                pending.started_at = utcnow()
+                pending.started_at, pending.dispatched = utcnow(), time.monotonic()
                 request = {"kernel": self.facts.name, "shape": state.shape, "config": pending.config,
                            "seed": self.timing.input_seed, "atol": self.atol, "rtol": self.rtol,
                            "warmup_ms": self.timing.warmup_ms, "rep_ms": self.timing.rep_ms,
@@ -337,6 +351,9 @@ class SweepRunner:
             dispatch()  # workers first, bookkeeping after
             for pending, result, worker in finished:
                 self._record(state, pending, result, worker)
+            for pending in overdue([p for p, _ in benching.values()], time.monotonic()):
+                log.warning("sweep %s %s %s: a trial has been benchmarking for %.0f s: %s", self.sweep_id,
+                            self.facts.name, state.key, time.monotonic() - pending.dispatched, pending.config)
             for ref, pending in list(compiling.items()):
                 if time.monotonic() - pending.submitted > timeout_s:
                     ray.cancel(ref, force=True)
