@@ -12,12 +12,15 @@ The target is judged for the decoder and MTP layers; the embedding (no GEMM) and
 losses) are reported beside them. With ``--db`` the same run stores the layer profiles as ``tuner
 profile layers`` does, so the planner's packaged profiles (``tuner profile export``) come from the
 run that gave the ratios. GPU only: the classes come from the profiler's device activities.
+``python -m bench.layer_remainder --plot OUT.svg RECORD...`` draws the records' kinds as bars in units of their
+GEMM and attention time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -89,3 +92,54 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     kinds = {share["kind"]: kind_row(share) for share in shares}
     return {"model": config.name, "seq": args.seq, "mbs": args.mbs, "ep": args.ep, "kernels": "triton",
             "target_ratio": TARGET_RATIO, "kinds": kinds, "targets": targets(config.name, kinds)}
+
+
+CLASS_COLORS = {"gemm_ms": "#1f77b4", "attention_ms": "#ff7f0e", "other_ms": "#999"}
+BAR_H, LABEL_W, PLOT_W = 16, 230, 420
+
+
+def plot_svg(records: list[dict[str, Any]]) -> str:
+    """One bar per (model, layer kind) of the records' figures, in units of its GEMM + attention time: the
+    GEMMs, the attention, then the rest, so that a bar's length is the kind's ratio; the target a dashed line."""
+    rows = [(figures["model"], kind, row) for figures in records for kind, row in figures["kinds"].items()
+            if row["total_over_gemm_and_attention"] is not None]
+    scale = PLOT_W / max(max((row["total_over_gemm_and_attention"] for _, _, row in rows), default=1.0),
+                         TARGET_RATIO * 1.1)
+    height = 40 + BAR_H * 1.4 * len(rows) + 20
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{LABEL_W + PLOT_W + 80}" height="{height:.0f}" '
+             'font-family="sans-serif" font-size="11">',
+             '<text x="8" y="16">forward + backward device time over the GEMM and attention kernels\' (one profiled round '
+             'each): ' + ", ".join(f'<tspan fill="{color}">{name.removesuffix("_ms")}</tspan>'
+                                   for name, color in CLASS_COLORS.items()) + "</text>"]
+    for i, (model, kind, row) in enumerate(rows):
+        y = 32 + i * BAR_H * 1.4
+        core = row["gemm_ms"] + row["attention_ms"]
+        x = LABEL_W
+        parts.append(f'<text x="8" y="{y + BAR_H - 4:.1f}">{model} {kind}</text>')
+        for name, color in CLASS_COLORS.items():
+            width = row[name] / core * scale
+            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{width:.1f}" height="{BAR_H}" fill="{color}"/>')
+            x += width
+        parts.append(f'<text x="{x + 4:.1f}" y="{y + BAR_H - 4:.1f}">{row["total_over_gemm_and_attention"]:.2f}x '
+                     f'({row["total_ms"]:.1f} ms)</text>')
+    target_x = LABEL_W + TARGET_RATIO * scale
+    parts.append(f'<line x1="{target_x:.1f}" y1="26" x2="{target_x:.1f}" y2="{height - 16:.0f}" stroke="#d62728" '
+                 f'stroke-dasharray="4 3"/><text x="{target_x + 3:.1f}" y="{height - 6:.0f}" fill="#d62728">'
+                 f'target {TARGET_RATIO:g}x</text>')
+    return "\n".join([*parts, "</svg>"]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``--plot OUT.svg RECORD...``: draw the records' layer kinds in one figure."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) >= 3 and argv[0] == "--plot":
+        records = [json.loads(Path(path).read_text()) for path in argv[2:]]
+        Path(argv[1]).write_text(plot_svg([record.get("figures", record) for record in records]))
+        return 0
+    print("usage: python -m bench layer_remainder [options] | python -m bench.layer_remainder --plot OUT.svg RECORD...",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
