@@ -12,7 +12,7 @@ The target is judged for the decoder and MTP layers; the embedding (no GEMM) and
 losses) are reported beside them. With ``--db`` the same run stores the layer profiles as ``tuner
 profile layers`` does, so the planner's packaged profiles (``tuner profile export``) come from the
 run that gave the ratios. GPU only: the classes come from the profiler's device activities.
-``python -m bench.layer_remainder --plot OUT.svg RECORD...`` draws the records' kinds as bars in units of their
+``python -m bench.layer_remainder --plot RECORD... OUT.svg`` draws the records' kinds as bars in units of their
 GEMM and attention time.
 """
 
@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from bench.record import plot_records
 
 TARGET_RATIO = 1.6
 JUDGED_KINDS = ("window", "csa", "hca", "mtp")  # layer kinds the target is about (their prefix)
@@ -130,15 +132,10 @@ def plot_svg(records: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``--plot OUT.svg RECORD...``: draw the records' layer kinds in one figure."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) >= 3 and argv[0] == "--plot":
-        records = [json.loads(Path(path).read_text()) for path in argv[2:]]
-        Path(argv[1]).write_text(plot_svg([record.get("figures", record) for record in records]))
-        return 0
-    print("usage: python -m bench layer_remainder [options] | python -m bench.layer_remainder --plot OUT.svg RECORD...",
-          file=sys.stderr)
-    return 2
+    """``--plot RECORD... OUT.svg``: draw the records' layer kinds in one figure."""
+    return plot_records(sys.argv[1:] if argv is None else argv, plot_svg,
+                        "usage: python -m bench layer_remainder [options] | "
+                        "python -m bench.layer_remainder --plot RECORD... OUT.svg")
 
 
 if __name__ == "__main__":

@@ -12,10 +12,11 @@ import os
 import platform
 import re
 import subprocess
+import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS_DIR = ROOT / "bench" / "records"
@@ -147,3 +148,19 @@ def read_record(path: Path) -> dict[str, Any]:
 def record_paths(records_dir: Path = RECORDS_DIR) -> list[Path]:
     """Every record in ``records_dir`` (``*.json`` and ``*.json.gz``), by file name."""
     return sorted([*records_dir.glob("*.json"), *records_dir.glob("*.json.gz")], key=lambda p: p.name)
+
+
+def plot_records(argv: list[str], draw: Callable[[list[dict[str, Any]]], str], usage: str, single: bool = False) -> int:
+    """``--plot RECORD... OUT.svg`` (one RECORD where ``single``): ``draw`` the records' figures into OUT.svg;
+    2 after ``usage`` or the unreadable record's name on bad arguments, with nothing written."""
+    records = argv[1:-1]
+    if argv[:1] != ["--plot"] or not records or (single and len(records) != 1) or not argv[-1].endswith(".svg"):
+        print(usage, file=sys.stderr)
+        return 2
+    try:
+        figures = [read_record(Path(path))["figures"] for path in records]
+    except (OSError, ValueError) as exc:
+        print(f"--plot: {exc}", file=sys.stderr)
+        return 2
+    Path(argv[-1]).write_text(draw(figures))
+    return 0

@@ -44,6 +44,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.record import plot_records
+
 RUNGS = ("eager", "triton-defaults", "triton-tuned", "triton-defaults-graphs", "triton-tuned-graphs",
          "triton-tuned-recompute")
 GRAPHS = "-graphs"  # the suffix of the rungs replayed as CUDA graphs
@@ -452,13 +454,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--child"]:
         print(json.dumps(_train_one(json.loads(argv[1]))))
         return 0
-    if argv[:1] == ["--plot"]:
-        record = json.loads(Path(argv[1]).read_text())
-        Path(argv[2]).write_text(plot_svg(record.get("figures", record)))
-        return 0
-    print("usage: python -m bench train_ladder [options] | python -m bench.train_ladder --plot RECORD OUT.svg",
-          file=sys.stderr)
-    return 2
+    return plot_records(argv, lambda figures: plot_svg(figures[0]),
+                        "usage: python -m bench train_ladder [options] | python -m bench.train_ladder --plot RECORD OUT.svg",
+                        single=True)
 
 
 if __name__ == "__main__":

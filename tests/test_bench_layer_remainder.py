@@ -53,8 +53,10 @@ def test_the_plot_has_a_bar_per_kind_with_gemm_or_attention_and_the_target(tmp_p
     figures = {"model": "v4-flash", "kinds": {share["kind"]: kind_row(share) for share in (
         _share("embedding", 0.0, 0.0, 0.8), _share("window/hash", 4.0, 0.7, 2.8), _share("mtp", 5.0, 0.7, 3.0))}}
     record = tmp_path / "r.json"
-    record.write_text(json.dumps({"figures": figures}))
-    assert layer_remainder.main(["--plot", str(tmp_path / "p.svg"), str(record)]) == 0
+    record.write_text(json.dumps({"benchmark": "layer_remainder", "claim": "c", "device": "NVIDIA H200",
+                                  "toolchain": {}, "commit": "abc", "table_digest": None, "command": [],
+                                  "started_at": "2026-12-06T10:00:00+00:00", "figures": figures}))
+    assert layer_remainder.main(["--plot", str(record), str(tmp_path / "p.svg")]) == 0
     svg = (tmp_path / "p.svg").read_text()
     # two kinds (the embedding has neither), three segments each; a bar is as long as its ratio
     widths = [float(w) for w in re.findall(r'<rect x="[\d.]+" y="[\d.]+" width="([\d.]+)"', svg)]
@@ -62,3 +64,5 @@ def test_the_plot_has_a_bar_per_kind_with_gemm_or_attention_and_the_target(tmp_p
     assert sum(widths[:3]) / sum(widths[:2]) == pytest.approx(7.5 / 4.7, rel=1e-2)
     assert f"target {TARGET_RATIO:g}x" in svg and "1.60x (7.5 ms)" in svg
     assert layer_remainder.main(["--plot", str(tmp_path / "q.svg")]) == 2  # no record named
+    assert layer_remainder.main(["--plot", str(tmp_path / "p.svg"), str(tmp_path / "q.svg")]) == 2  # not a record
+    assert not (tmp_path / "q.svg").exists()
