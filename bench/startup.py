@@ -15,7 +15,8 @@ Two measurements, each in fresh processes with an empty database:
   runner (Optuna, Ray), the worker pool's start (Ray, the device workers; ``WorkerPool.timings``),
   the sweep, and the pool's shutdown. ``pool_start_milestones``: when, after the pool's start began, the
   last device worker's actor started and the last pre-warmed child it adopted was ready (whichever is
-  later is what the workers' step waited on).
+  later is what the workers' step waited on), and how long a child spent preparing the sweep's first
+  problem, as ``tuner sweep run`` has it do.
 
 The sweep is small on purpose (``--trials`` configs of RMSNorm forward at one shape): the figure
 is what surrounds it. Without a GPU the kernels run under the Triton interpreter on a small shape.
@@ -56,7 +57,7 @@ def step(name):
 import tuner.cli.main
 step("import_cli_s")
 from pathlib import Path
-from tuner.sweep.spec import load_spec
+from tuner.sweep.spec import first_problem, load_spec
 spec = load_spec(Path(sys.argv[1]))
 step("validate_spec_s")
 from tuner.cli.errors import open_engine
@@ -66,7 +67,7 @@ from tuner.sweep import queue
 from tuner.sweep.serve import owner_name, run_sweep
 from workers.pool import WorkerPool
 step("import_runner_s")
-pool = WorkerPool.start()
+pool = WorkerPool.start(first_problem=first_problem(spec))
 step("pool_start_s")
 sweep_id = queue.enqueue(engine, spec)
 owner = owner_name()

@@ -39,6 +39,41 @@ def test_a_worker_adopts_the_prewarmed_child_and_starts_its_own_after_a_fault(tm
         child.wait()
 
 
+def _adopted(path: str, problem: dict | None) -> tuple[subprocess.Popen, BenchProcess]:
+    child = spawn(path, {**os.environ, **INTERPRET}, problem)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return child, BenchProcess(INTERPRET, adopt_from=path)
+
+
+def test_a_prewarmed_child_prepares_the_sweeps_first_problem_before_it_is_adopted(tmp_path):
+    problem = {"kernel": "rmsnorm_fwd", "shape": {"tokens": 33, "hidden": 64}, "seed": 3}
+    child, bench = _adopted(str(tmp_path / "cpu-0.sock"), problem)
+    try:
+        assert bench.request({"op": "describe"}, 120)["arch"] == "interp" and bench.adopted
+        assert bench.child_prepared["kernel"] == "rmsnorm_fwd" and bench.child_prepared["seconds"] > 0
+        trial = bench.request({"op": "trial", "kernel": "rmsnorm_fwd", "shape": problem["shape"], "seed": 3,
+                               "config": {"BLOCK_M": 4, "BLOCK_D": 0, "num_warps": 1, "num_stages": 1},
+                               "atol": 1e-2, "rtol": 1e-2, "warmup_ms": 0, "rep_ms": 1}, 120)
+        assert trial["status"] == "ok"
+    finally:
+        bench.close()
+        child.kill()
+        child.wait()
+
+
+def test_a_problem_that_fails_to_prepare_leaves_the_child_serving(tmp_path):
+    child, bench = _adopted(str(tmp_path / "cpu-0.sock"), {"kernel": "no_such_kernel", "shape": {"n": 1}})
+    try:
+        assert bench.request({"op": "describe"}, 120)["arch"] == "interp" and bench.adopted
+        assert "no_such_kernel" in bench.child_prepared["error"]
+    finally:
+        bench.close()
+        child.kill()
+        child.wait()
+
+
 def test_a_worker_with_no_prewarmed_child_to_reach_starts_its_own(tmp_path):
     bench = BenchProcess(INTERPRET, adopt_from=str(tmp_path / "nobody.sock"))
     try:
@@ -51,14 +86,16 @@ def test_a_worker_with_no_prewarmed_child_to_reach_starts_its_own(tmp_path):
 POOL = """
 import json, os
 from workers.pool import WorkerPool
-pool = WorkerPool.start(cpu_workers=2, num_cpus=2)  # a Ray of its own: children pre-warmed
+problem = {"kernel": "rmsnorm_fwd", "shape": {"tokens": 16, "hidden": 32}, "seed": 0}
+pool = WorkerPool.start(cpu_workers=2, num_cpus=2, first_problem=problem)  # a Ray of its own: children pre-warmed
 children = list(pool.prewarmed.children.values())
 folder = pool.prewarmed.folder
 adopted = [info["adopted"] for info in pool.infos]
+prepared = [info["child_prepared"]["kernel"] for info in pool.infos]
 from ray._private import ray_constants, worker
 monitor = worker._global_node.all_processes[ray_constants.PROCESS_TYPE_MONITOR][0].process
 pool.shutdown()
-print(json.dumps({"adopted": adopted, "own_ray": pool.own_ray, "folder_left": os.path.exists(folder),
+print(json.dumps({"adopted": adopted, "prepared": prepared, "own_ray": pool.own_ray, "folder_left": os.path.exists(folder),
                   "children_running": [c.poll() is None for c in children], "monitor_running": monitor.poll() is None,
                   "milestones": sorted(pool.milestones), "ready_in_start": 0 < pool.milestones["children_ready_s"] < sum(pool.timings.values())}))
 """
@@ -69,9 +106,10 @@ def test_a_pool_with_its_own_ray_hands_each_worker_a_prewarmed_child_and_leaves_
     out = subprocess.run([sys.executable, "-c", POOL], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"adopted": [True, True], "own_ray": True, "folder_left": False,
-                      "children_running": [False, False], "monitor_running": False,
-                      "milestones": ["actors_started_s", "children_ready_s"], "ready_in_start": True}
+    assert result == {"adopted": [True, True], "prepared": ["rmsnorm_fwd", "rmsnorm_fwd"], "own_ray": True,
+                      "folder_left": False, "children_running": [False, False], "monitor_running": False,
+                      "milestones": ["actors_started_s", "children_ready_s", "first_problem_prepared_s"],
+                      "ready_in_start": True}
 
 
 def test_a_dead_pools_prewarm_folder_is_removed_by_the_next_pool(tmp_path, monkeypatch):
@@ -116,3 +154,12 @@ sys.stdin.read()
             return
         time.sleep(0.2)
     raise AssertionError(f"pre-warmed child {child_pid} outlived its pool by 30 s")
+
+
+def test_a_sweeps_first_problem_is_its_first_explicit_shape_and_its_input_seed():
+    from tuner.sweep.spec import first_problem, parse_spec
+
+    spec = parse_spec({"kernel": "rmsnorm_fwd", "shapes": [{"tokens": 64, "hidden": 128}, {"tokens": 8, "hidden": 64}],
+                       "timing": {"input_seed": 7}}, "early")
+    assert first_problem(spec) == {"kernel": "rmsnorm_fwd", "shape": {"tokens": 64, "hidden": 128}, "seed": 7}
+    assert first_problem(parse_spec({"kernel": "rmsnorm_fwd", "shapes": "v4-flash"}, "early")) is None

@@ -76,6 +76,23 @@ def mismatch(outputs: tuple[torch.Tensor, ...], reference: tuple[torch.Tensor, .
     return None
 
 
+def prepare(problem: dict[str, Any]) -> dict[str, Any]:
+    """Build ``problem``'s inputs and reference (``kernel``, ``shape``, ``seed``) and run its kernel's heuristic
+    default once, so that a sweep's first trial, which measures that default, finds both ready: what a
+    pre-warmed child does while it waits for its worker. ``{"kernel", "seconds"}``, or ``{"error"}`` where
+    that failed (the sweep's own trials then meet the same failure and record it)."""
+    started = time.perf_counter()
+    try:
+        kernel = registry.get(problem["kernel"])
+        inputs, _ = _inputs_and_reference(kernel, problem["shape"], problem.get("seed", 0))
+        kernel.run(inputs, kernel.default_config(problem["shape"]))
+        if current_arch() != INTERPRETER_ARCH:
+            torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - a problem that fails here is the sweep's to report
+        return {"error": error_text(exc)}
+    return {"kernel": kernel.name, "seconds": time.perf_counter() - started}
+
+
 def run_trial(request: dict[str, Any]) -> dict[str, Any]:
     """Check one config against the reference, then time it. The metrics' ``phases_s`` say where the
     trial's seconds went: building the inputs (once per shape), the first call (loading the compiled

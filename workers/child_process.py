@@ -34,9 +34,11 @@ class _AdoptedChild:
     """A pre-warmed child reached through its socket: the part of ``Popen`` that ``BenchProcess`` uses.
     It is the pool's child, not this process's, so its exit code is not known here (None)."""
 
-    def __init__(self, conn: socket.socket, reader: Any, pid: int, ready_at: float | None) -> None:
+    def __init__(self, conn: socket.socket, reader: Any, pid: int, ready_at: float | None,
+                 prepared: dict[str, Any] | None = None) -> None:
         self._conn, self.stdout, self.pid = conn, reader, pid
-        self.ready_at = ready_at  # wall clock when its imports and device context were done
+        self.ready_at = ready_at  # wall clock when its imports, device context and prepared problem were done
+        self.prepared = prepared  # what it prepared for the sweep's first trial (``bench_child.prepare``), if asked
         self.stdin = conn.makefile("w", encoding="utf-8")
         self._gone = False
 
@@ -63,7 +65,8 @@ def adopt(path: str) -> tuple[_AdoptedChild, Any] | None:
         hello = json.loads(reader.readline())
         conn.settimeout(None)
         ready_at = hello.get("ready_at")
-        child = _AdoptedChild(conn, reader, int(hello["pid"]), float(ready_at) if ready_at is not None else None)
+        child = _AdoptedChild(conn, reader, int(hello["pid"]), float(ready_at) if ready_at is not None else None,
+                              hello.get("prepared"))
         return child, open(stderr_path(path))
     except (OSError, ValueError, KeyError, TypeError):
         conn.close()
@@ -81,13 +84,14 @@ class BenchProcess:
         self.restarts = 0
         self.adopted = False
         self.child_ready_at: float | None = None  # an adopted child's: when its own start was done
+        self.child_prepared: dict[str, Any] | None = None  # an adopted child's prepared problem
 
     def _start(self) -> subprocess.Popen[str] | _AdoptedChild:
         path, self._adopt_from = self._adopt_from, None
         if path is not None and (found := adopt(path)) is not None:
             self._proc, self._stderr = found
             self.adopted = True
-            self.child_ready_at = found[0].ready_at
+            self.child_ready_at, self.child_prepared = found[0].ready_at, found[0].prepared
             return self._proc
         self._stderr = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen(

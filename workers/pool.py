@@ -129,7 +129,8 @@ class PrewarmedChildren:
     gpu_socket: str | None  # the GPU children's socket path, ``{gpu}`` standing for the device id
 
     @classmethod
-    def start(cls, cpu_workers: int) -> PrewarmedChildren:
+    def start(cls, cpu_workers: int, problem: dict[str, Any] | None = None) -> PrewarmedChildren:
+        """One child per local GPU, else ``cpu_workers`` interpreter children; each prepares ``problem``."""
         from workers.prewarmed_child import spawn
 
         _remove_dead_pools_folders()
@@ -143,7 +144,7 @@ class PrewarmedChildren:
             template = None
             paths = {os.path.join(folder, f"cpu-{i}.sock"): {**os.environ, **_worker_env(True)}
                      for i in range(cpu_workers)}
-        return cls(folder, {path: spawn(path, env) for path, env in paths.items()}, template)
+        return cls(folder, {path: spawn(path, env, problem) for path, env in paths.items()}, template)
 
     def socket_of(self, interpret: bool, index: int) -> str | None:
         """The socket a device worker adopts its child from: the GPU template for GPU workers, the
@@ -169,12 +170,16 @@ class PrewarmedChildren:
 
 
 def _milestones(infos: list[dict[str, Any]], began_wall: float) -> dict[str, float]:
-    """Seconds after ``began_wall`` at which the last actor started and the last adopted child was ready."""
+    """Seconds after ``began_wall`` at which the last actor started and the last adopted child was ready, and
+    the longest an adopted child spent preparing the sweep's first problem (part of its readiness)."""
     out = {}
     for key, name in (("actor_started_at", "actors_started_s"), ("child_ready_at", "children_ready_s")):
         stamps = [info[key] for info in infos if info.get(key) is not None]
         if stamps:
             out[name] = max(stamps) - began_wall
+    prepared = [info["child_prepared"]["seconds"] for info in infos if "seconds" in (info.get("child_prepared") or {})]
+    if prepared:
+        out["first_problem_prepared_s"] = max(prepared)
     return out
 
 
@@ -211,15 +216,18 @@ class WorkerPool:
     milestones: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, ray_address: str | None = None, cpu_workers: int = 1, num_cpus: int | None = None) -> WorkerPool:
-        """Connect to (or start) Ray and start one device worker per GPU, or ``cpu_workers``."""
+    def start(cls, ray_address: str | None = None, cpu_workers: int = 1, num_cpus: int | None = None,
+              first_problem: dict[str, Any] | None = None) -> WorkerPool:
+        """Connect to (or start) Ray and start one device worker per GPU, or ``cpu_workers``. ``first_problem``
+        (kernel, shape, seed: a one-shot sweep's first) is prepared by the pre-warmed children while Ray and
+        the workers start (``bench_child.prepare``)."""
         began, began_wall = time.perf_counter(), time.time()
         address = ray_address or os.environ.get("RAY_ADDRESS")
         started = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
         # this machine's workers' children first, even before Ray's import, their own imports being the
         # longest: for a Ray of our own or this machine's head (a worker placed on another node finds
         # no child to adopt and starts its own)
-        prewarmed = PrewarmedChildren.start(cpu_workers) if started and not address else None
+        prewarmed = PrewarmedChildren.start(cpu_workers, first_problem) if started and not address else None
         import ray
 
         # a given CPU count asks for a Ray of this process's own

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 from workers.parent_watch import exit_with_parent
 
@@ -31,15 +32,18 @@ def stderr_path(socket_path: str) -> str:
     return socket_path + ".stderr"
 
 
-def spawn(socket_path: str, env: dict[str, str]) -> subprocess.Popen:
-    """Start a pre-warmed child that will listen at ``socket_path``, with ``env`` as its whole environment."""
+def spawn(socket_path: str, env: dict[str, str], problem: dict[str, Any] | None = None) -> subprocess.Popen:
+    """Start a pre-warmed child that will listen at ``socket_path``, with ``env`` as its whole environment;
+    with ``problem`` (kernel, shape, seed), it also prepares that problem (``bench_child.prepare``)."""
+    argv = [sys.executable, "-m", "workers.prewarmed_child", socket_path, str(os.getpid())]
     with open(stderr_path(socket_path), "w") as stderr:
-        return subprocess.Popen([sys.executable, "-m", "workers.prewarmed_child", socket_path, str(os.getpid())],
+        return subprocess.Popen([*argv, json.dumps(problem)] if problem else argv,
                                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
 
 
-def serve(path: str, parent: int) -> None:
-    """Listen at ``path``, import and open the device, then serve the first worker that connects."""
+def serve(path: str, parent: int, problem: dict[str, Any] | None = None) -> None:
+    """Listen at ``path``, import and open the device (and prepare ``problem``: the sweep's first, built in
+    the seconds before its worker comes), then serve the first worker that connects."""
     exit_with_parent(parent)  # a pool killed during its start leaves no child waiting for an adopter
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -49,6 +53,7 @@ def serve(path: str, parent: int) -> None:
     if bench_child.torch.cuda.is_available():
         with contextlib.suppress(RuntimeError):  # a device that fails here fails the worker's describe, by name
             bench_child.torch.empty(1, device="cuda")  # the device context: the rest of a child's start
+    prepared = bench_child.prepare(problem) if problem else None
     ready_at = time.time()  # told to the adopter: the pool reports how long its workers waited on this
 
     listener.settimeout(ACCEPT_TIMEOUT_S)
@@ -61,7 +66,7 @@ def serve(path: str, parent: int) -> None:
             os.unlink(path)
         listener.close()
     conn.setblocking(True)
-    conn.sendall((json.dumps({"pid": os.getpid(), "ready_at": ready_at}) + "\n").encode())
+    conn.sendall((json.dumps({"pid": os.getpid(), "ready_at": ready_at, "prepared": prepared}) + "\n").encode())
     os.dup2(conn.fileno(), sys.stdin.fileno())
     os.dup2(conn.fileno(), sys.stdout.fileno())
     conn.close()
@@ -69,4 +74,4 @@ def serve(path: str, parent: int) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], int(sys.argv[2]))
+    serve(sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]) if len(sys.argv) > 3 else None)

@@ -122,12 +122,14 @@ def sweep_queue(specs: list[Path] = typer.Argument(..., metavar="SPEC...")) -> N
 
 
 @contextlib.contextmanager
-def _pool_with(ray_address: Optional[str], cpu_workers: int, beside: Callable[[], Any]) -> Iterator[tuple[WorkerPool, Any]]:
+def _pool_with(ray_address: Optional[str], cpu_workers: int, beside: Callable[[], Any],
+               first_problem: Optional[dict[str, Any]] = None) -> Iterator[tuple[WorkerPool, Any]]:
     """The worker pool, started here while ``beside()`` runs in a thread, then the sweep runner's
     import (quickstart's import of the kernels, sweep run's wait on its spec-checking child, Optuna:
     seconds that the wait for Ray and the workers can hide; Ray starts in the main thread, which its
     SIGTERM handler needs); the pool and what ``beside`` returned. The pool is shut down on leaving,
-    also when ``beside`` failed."""
+    also when ``beside`` failed. ``first_problem``: what the pool's pre-warmed children prepare
+    (``WorkerPool.start``)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from workers.pool import WorkerPool
@@ -140,7 +142,7 @@ def _pool_with(ray_address: Optional[str], cpu_workers: int, beside: Callable[[]
 
     with ThreadPoolExecutor(1, thread_name_prefix="beside-pool-start") as executor:
         work = executor.submit(beside_then_runner)
-        pool = WorkerPool.start(ray_address, cpu_workers=cpu_workers)
+        pool = WorkerPool.start(ray_address, cpu_workers=cpu_workers, first_problem=first_problem)
         display.console.print(display.pool_started(len(pool.workers), pool.arch, pool.timings, pool.own_ray))
         try:
             yield pool, work.result()
@@ -153,11 +155,12 @@ def _pool_with(ray_address: Optional[str], cpu_workers: int, beside: Callable[[]
 def sweep_run(spec: Path, ray_address: RayAddress = None, cpu_workers: CpuWorkers = 1) -> None:
     """Queue SPEC and run it right here, with a progress bar."""
     from tuner.sweep.kernel_facts import check_in_a_process
-    from tuner.sweep.spec import read_spec
+    from tuner.sweep.spec import first_problem, read_spec, spec_of
 
-    read_spec(spec)  # a spec that fails without the kernels fails before anything starts
+    early = spec_of(read_spec(spec), spec, "early")  # a spec that fails without the kernels fails before anything starts
     # checked against its kernel in a process of its own: this one never imports torch (kernel_facts)
-    with _pool_with(ray_address, cpu_workers, lambda: check_in_a_process(spec)) as (pool, (parsed, facts)):
+    with _pool_with(ray_address, cpu_workers, lambda: check_in_a_process(spec),
+                    first_problem(early)) as (pool, (parsed, facts)):
         from tuner.sweep import queue
         from tuner.sweep.serve import owner_name
 

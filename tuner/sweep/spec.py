@@ -194,6 +194,15 @@ def stored_spec(data: Any, sweep_id: int) -> SweepSpec:
         raise SpecError(f"sweep {sweep_id}: its stored spec is corrupt:\n{format_validation_error(exc)}") from None
 
 
+def first_problem(spec: SweepSpec) -> dict[str, Any] | None:
+    """The kernel, first shape and input seed of ``spec``'s sweep (the problem its first trial measures, which
+    a pool's pre-warmed children can build before its workers exist); None where the shapes are a preset's
+    name, which only the kernel modules resolve."""
+    if isinstance(spec.shapes, str) or not spec.shapes:
+        return None
+    return {"kernel": spec.kernel, "shape": dict(spec.shapes[0]), "seed": spec.timing.input_seed}
+
+
 def read_spec(path: Path) -> dict[str, Any]:
     """The fields of a YAML spec file, checked as far as they can be without the kernel modules (its
     ``early`` checks): what fails here fails before a command starts anything."""
