@@ -77,15 +77,15 @@ def mismatch(outputs: tuple[torch.Tensor, ...], reference: tuple[torch.Tensor, .
 
 
 def prepare(problem: dict[str, Any]) -> dict[str, Any]:
-    """Build ``problem``'s inputs and reference (``kernel``, ``shape``, ``seed``) and run its kernel's heuristic
-    default once, so that a sweep's first trial, which measures that default, finds both ready: what a
-    pre-warmed child does while it waits for its worker. ``{"kernel", "seconds"}``, or ``{"error"}`` where
-    that failed (the sweep's own trials then meet the same failure and record it)."""
+    """Build ``problem``'s inputs and reference (``kernel``, ``shape``, ``seed``), so that a sweep's first trial
+    finds them ready: what a pre-warmed child does while it waits for its worker. No config is compiled
+    here: the worker waits for this, and the compile workers wait for the worker, so a slow compile would
+    hold them all. ``{"kernel", "seconds"}``, or ``{"error"}`` where it failed (the sweep's own trials then
+    meet the same failure and record it)."""
     started = time.perf_counter()
     try:
         kernel = registry.get(problem["kernel"])
-        inputs, _ = _inputs_and_reference(kernel, problem["shape"], problem.get("seed", 0))
-        kernel.run(inputs, kernel.default_config(problem["shape"]))
+        _inputs_and_reference(kernel, problem["shape"], problem.get("seed", 0))
         if current_arch() != INTERPRETER_ARCH:
             torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001 - a problem that fails here is the sweep's to report
