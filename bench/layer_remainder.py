@@ -81,15 +81,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--model: {exc}") from None
     from tuner.cli.errors import open_engine
     from tuner.cli.profile import measure_layers
-    from tuner.train.profile_layers import profile_layers
 
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch:  # without --db the profiles are kept in a scratch database
         trace = args.trace or Path(scratch)
-        if args.db:
-            measure_layers(open_engine(args.db), config, args.seq, args.mbs, args.ep, "triton", "cuda", trace=trace,
-                           show=False)
-        else:
-            profile_layers(config, args.seq, args.mbs, args.ep, "triton", "cuda", warmup=2, reps=5, trace_dir=trace)
+        engine = open_engine(args.db or f"sqlite:///{Path(scratch) / 'profiles.db'}")
+        measure_layers(engine, config, args.seq, args.mbs, args.ep, "triton", "cuda", trace=trace, show=False)
+        engine.dispose()
         shares = json.loads((trace / "kernel_shares.json").read_text())
     kinds = {share["kind"]: kind_row(share) for share in shares}
     return {"model": config.name, "seq": args.seq, "mbs": args.mbs, "ep": args.ep, "kernels": "triton",

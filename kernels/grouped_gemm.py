@@ -291,10 +291,15 @@ def _tile_table_kernel(offsets_ptr, table_ptr, n_experts, tiles, BLOCK_M: tl.con
     tl.store(table_ptr + 2 * tiles + ids, row_end, mask=in_t)
 
 
+def _tile_bound(n_experts: int, n_rows: int, block_m: int) -> int:
+    """Row tiles at most: every expert's last tile may be partial, and an empty expert has none."""
+    return n_rows // block_m + min(n_experts, n_rows)
+
+
 def tile_table_reference(offsets: Tensor, block_m: int, n_rows: int) -> Tensor:
     """Eager form of the tile table: int32 ``[3, tiles]`` (expert or -1, first row, row end) per row tile."""
     n_experts = offsets.numel() - 1
-    tiles = n_rows // block_m + min(n_experts, n_rows)
+    tiles = _tile_bound(n_experts, n_rows, block_m)
     per_expert = (offsets[1:] - offsets[:-1]).long().add(block_m - 1).div(block_m, rounding_mode="floor")
     ends = per_expert.cumsum(0)
     ids = torch.arange(tiles, device=offsets.device)
@@ -311,7 +316,7 @@ def _tile_table(offsets: Tensor, block_m: int, n_rows: int, compile_only: bool =
     launch: the eager form's dozen small ops cost a token-row launch about 0.3 ms of host time (the sweeps'
     ``host_ms``), which an un-replayed step waits on. ``offsets``: int32 ``[E + 1]``, contiguous."""
     n_experts = offsets.numel() - 1
-    tiles = n_rows // block_m + min(n_experts, n_rows)
+    tiles = _tile_bound(n_experts, n_rows, block_m)
     table = torch.empty(3, tiles, dtype=torch.int32, device=offsets.device)
     launch(_tile_table_kernel, (cdiv(tiles, _TILE_IDS),), (offsets, table, n_experts, tiles),
            {"BLOCK_M": block_m, "BLOCK_E": max(16, next_pow2(n_experts)), "BLOCK_T": _TILE_IDS},
