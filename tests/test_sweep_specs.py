@@ -164,4 +164,5 @@ def test_the_proxy_gemm_group_resweeps_every_expert_gemm_launch_device_timed(tmp
     assert {(w["kernel"], tuple(s.items())) for w in written for s in w["shapes"]} == {
         (l.kernel, tuple(l.shape.items())) for l in launches}
     assert {w["kernel"] for w in written} == set(EXPERT_GEMMS) and len(launches) == 12
-    assert all(w["timing"] == {"method": "cudagraph"} and w["budget"]["max_trials"] == 4 for w in written)
+    assert all(w["timing"] == {"method": "cudagraph", "trial_timeout_s": 30.0} and w["budget"]["max_trials"] == 4
+               for w in written)

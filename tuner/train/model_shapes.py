@@ -40,6 +40,11 @@ MEMORY_BOUND_INTENSITY = 64.0
 # host time while the replayed step runs them at device time (docs/findings.md)
 GRAPH_TIMED_BELOW_MS = 2.0
 PEAK_TFLOPS, PEAK_TBPS = 1000.0, 5.0  # above any supported GPU's dense bf16 rate and HBM bandwidth
+# A graph-timed launch's trial (compile, check, replay) finishes in seconds: a config whose compile does
+# not end within this is given up sooner than the spec's default 120 s. On one H100 a proxy-8l expert
+# GEMM's trials took 1-5 s, and one warp-specialized config's compile never ended, holding its sweep
+# until the deadline (docs/findings.md)
+GRAPH_TIMED_TRIAL_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,8 @@ def graph_timed(kernel: str, shape: Shape) -> bool:
 def sweep_specs(launches: list[Launch], arch: str, trials: int) -> list[dict[str, Any]]:
     """One TPE sweep spec per kernel over its shapes among ``launches``, ``trials`` configs a shape; the
     compute-bound kernels (GEMMs, attention) first, where most of a step's time goes, so that a sweep
-    given too little time still tunes them; graph-timed where every shape is (``graph_timed``)."""
+    given too little time still tunes them; graph-timed where every shape is (``graph_timed``), each
+    trial then given ``GRAPH_TIMED_TRIAL_TIMEOUT_S``."""
     by_kernel: dict[str, list[Shape]] = {}
     for launch in launches:
         by_kernel.setdefault(launch.kernel, []).append(launch.shape)
@@ -98,6 +104,6 @@ def sweep_specs(launches: list[Launch], arch: str, trials: int) -> list[dict[str
         body: dict[str, Any] = {"kernel": kernel, "shapes": shapes, "arch": arch,
                                 "strategy": {"name": "tpe", "seed": 0}, "budget": {"max_trials": trials}}
         if all(graph_timed(kernel, shape) for shape in shapes):
-            body["timing"] = {"method": "cudagraph"}
+            body["timing"] = {"method": "cudagraph", "trial_timeout_s": GRAPH_TIMED_TRIAL_TIMEOUT_S}
         specs.append(body)
     return sorted(specs, key=lambda body: all(memory_bound(body["kernel"], shape) for shape in body["shapes"]))
