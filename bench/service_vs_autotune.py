@@ -60,12 +60,16 @@ def run_service(workdir: Path, name: str) -> dict:
         for t in trials:
             for phase, seconds in t.metrics.get("phases_s", {}).items():
                 phases[phase] = phases.get(phase, 0.0) + seconds
-        compiled_by_child = sum(t.metrics.get("phases_s", {}).get("first_call", 0.0) > CHILD_COMPILE_S for t in trials)
+        by_child = [t for t in trials if t.metrics.get("phases_s", {}).get("first_call", 0.0) > CHILD_COMPILE_S]
+        # how long into the sweep the child still compiled: the compile workers had not caught up before
+        last_child_compile_s = max(((t.started_at - sweep.started_at).total_seconds() for t in by_child), default=0.0)
         return {
             "command_wall_s": command_s, "sweep_wall_s": sweep_s, "gpus": gpus,
             "gpu_busy_fraction": busy / (gpus * sweep_s),
             "trials": len(trials), "evaluated": len(benched), "statuses": {s: sum(t.status == s for t in trials) for s in {t.status for t in trials}},
-            "gpu_busy_s": busy, "trial_phases_s": phases, "first_calls_over_100ms": compiled_by_child, "winner": winner.config, "winner_median_ms": winner.median_ms,
+            "gpu_busy_s": busy, "trial_phases_s": phases, "first_calls_over_100ms": len(by_child),
+            "child_compile_s": sum(t.metrics["phases_s"]["first_call"] for t in by_child),
+            "last_child_compile_at_s": last_child_compile_s, "winner": winner.config, "winner_median_ms": winner.median_ms,
         }
 
 
