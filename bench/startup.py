@@ -15,8 +15,9 @@ Two measurements, each in fresh processes with an empty database:
   runner (Optuna, Ray), the worker pool's start (Ray, the device workers; ``WorkerPool.timings``),
   the sweep, and the pool's shutdown. ``pool_start_milestones``: when, after the pool's start began, the
   last device worker's actor started and the last pre-warmed child it adopted was ready (whichever is
-  later is what the workers' step waited on), and how long a child spent preparing the sweep's first
-  problem, as ``tuner sweep run`` has it do.
+  later is what the workers' step waited on), how long a child spent preparing the sweep's first
+  problem, as ``tuner sweep run`` has it do, and on a GPU host when the last compile worker had warmed
+  up (``compile_workers_ready_s``; the benchmarking child compiles its configs itself until then).
 
 The sweep is small on purpose (``--trials`` configs of RMSNorm forward at one shape): the figure
 is what surrounds it. Without a GPU the kernels run under the Triton interpreter on a small shape.
@@ -74,6 +75,7 @@ owner = owner_name()
 assert queue.try_claim(engine, sweep_id, owner)
 status = run_sweep(engine, sys.argv[2], sweep_id, owner, pool)
 step("sweep_s")
+pool.note_compile_workers_ready()
 pool.shutdown()
 step("shutdown_s")
 print(json.dumps({"steps": steps, "pool": pool.timings, "milestones": pool.milestones, "arch": pool.arch, "workers": len(pool.workers),

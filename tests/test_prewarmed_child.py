@@ -163,3 +163,19 @@ def test_a_sweeps_first_problem_is_its_first_explicit_shape_and_its_input_seed()
                        "timing": {"input_seed": 7}}, "early")
     assert first_problem(spec) == {"kernel": "rmsnorm_fwd", "shape": {"tokens": 64, "hidden": 128}, "seed": 7}
     assert first_problem(parse_spec({"kernel": "rmsnorm_fwd", "shapes": "v4-flash"}, "early")) is None
+
+
+def test_the_compile_workers_readiness_is_the_last_warm_up_counted_from_the_pools_start(monkeypatch):
+    import ray
+
+    from workers.pool import WorkerPool
+
+    asked = []
+    monkeypatch.setattr(ray, "get", lambda refs, timeout: asked.append(refs) or [103.5, 107.25])
+    pool = WorkerPool(workers=[], infos=[], compile_ahead=True, compile_slots=2, runtime_env={},
+                      warming=["warm-up 1", "warm-up 2"], started_at=100.0)
+    pool.note_compile_workers_ready()
+    assert asked == [["warm-up 1", "warm-up 2"]] and pool.milestones == {"compile_workers_ready_s": 7.25}
+    idle = WorkerPool(workers=[], infos=[], compile_ahead=False, compile_slots=1, runtime_env={})
+    idle.note_compile_workers_ready()  # the interpreter's pool warms no compile workers: nothing to wait for
+    assert idle.milestones == {}

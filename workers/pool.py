@@ -214,6 +214,7 @@ class WorkerPool:
     # seconds from the start's beginning to the last device worker's actor starting and to the last
     # adopted child being ready: which of the two the workers' step waited on
     milestones: dict[str, float] = field(default_factory=dict)
+    started_at: float = field(default=0.0)  # the wall clock when the start began, which the milestones count from
 
     @classmethod
     def start(cls, ray_address: str | None = None, cpu_workers: int = 1, num_cpus: int | None = None,
@@ -275,9 +276,20 @@ class WorkerPool:
         timings["workers_s"] = time.perf_counter() - began - timings["import_s"] - timings["ray_s"]
         pool = cls(actors, infos, compile_ahead=not interpret, compile_slots=compile_slots,
                    runtime_env=options["runtime_env"], started_ray=started, own_ray=own_ray, timings=timings,
-                   warming=warming, prewarmed=prewarmed, milestones=_milestones(infos, began_wall))
+                   warming=warming, prewarmed=prewarmed, milestones=_milestones(infos, began_wall),
+                   started_at=began_wall)
         pool.arch  # noqa: B018 - fail early on a mixed pool
         return pool
+
+    def note_compile_workers_ready(self, timeout_s: float = 60.0) -> None:
+        """Wait for the compile workers' warm-ups and add ``compile_workers_ready_s`` to the milestones: when
+        the last was ready, counted from the start's beginning. Until then a sweep's benchmarking child
+        compiles its configs itself; a benchmark calls this after its sweep, the sweep itself never waits."""
+        import ray
+
+        if self.warming:
+            ready = ray.get(self.warming, timeout=timeout_s)
+            self.milestones["compile_workers_ready_s"] = max(ready) - self.started_at
 
     @property
     def arch(self) -> str:
