@@ -76,6 +76,7 @@ assert queue.try_claim(engine, sweep_id, owner)
 status = run_sweep(engine, sys.argv[2], sweep_id, owner, pool)
 step("sweep_s")
 pool.note_compile_workers_ready()
+step("waiting_for_compile_workers_s")  # the benchmark's own wait, which the command never makes
 pool.shutdown()
 step("shutdown_s")
 print(json.dumps({"steps": steps, "pool": pool.timings, "milestones": pool.milestones, "arch": pool.arch, "workers": len(pool.workers),
