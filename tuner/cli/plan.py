@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 GiB = 1 << 30
 MAX_NODE_COUNTS = 64  # a sweep plans each count in about a second of CPU
-plan_app = typer.Typer(help=__doc__.split("\n\n")[0], invoke_without_command=True, no_args_is_help=False)
+plan_app = typer.Typer(help=__doc__.split("\n\n")[0].replace("``", ""), invoke_without_command=True, no_args_is_help=False)
 
 
 @contextlib.contextmanager
@@ -84,13 +84,13 @@ def node_counts(value: str) -> list[int]:
 @plan_app.callback()
 def plan(
     ctx: typer.Context,
-    model: Annotated[Optional[str], typer.Option(help="model preset, e.g. v4-flash")] = None,
-    nodes: Annotated[Optional[str], typer.Option(help="nodes: a count, a list (2,4,8,16) or a range (2-16)")] = None,
-    gpus_per_node: Annotated[Optional[int], typer.Option(help="GPUs per node")] = None,
-    gpu: Annotated[Optional[str], typer.Option(help="GPU kind: h100, h200, b200, mi300x, mi325x, mi355x (cpu: this host)")] = None,
-    gbs: Annotated[Optional[int], typer.Option(help="global batch, sequences per step")] = None,
+    model: Annotated[Optional[str], typer.Option(help="model preset, e.g. v4-flash (required)")] = None,
+    nodes: Annotated[Optional[str], typer.Option(help="nodes: a count, a list (2,4,8,16) or a range (2-16) (required)")] = None,
+    gpus_per_node: Annotated[Optional[int], typer.Option(help="GPUs per node (required)")] = None,
+    gpu: Annotated[Optional[str], typer.Option(help="GPU kind: h100, h200, b200, mi300x, mi325x, mi355x (cpu: this host) (required)")] = None,
+    gbs: Annotated[Optional[int], typer.Option(help="global batch, sequences per step (required)")] = None,
     mbs: Annotated[int, typer.Option(help="micro-batch, sequences")] = 1,
-    seq: Annotated[Optional[int], typer.Option(help="sequence length")] = None,
+    seq: Annotated[Optional[int], typer.Option(help="sequence length (required)")] = None,
     ep: Annotated[int, typer.Option(help="expert-parallel ranks (inside the data-parallel group)")] = 8,
     pp: Annotated[str, typer.Option(help="pipeline ranks, or auto")] = "auto",
     vpp: Annotated[str, typer.Option(help="virtual stages per pipeline rank, or auto")] = "auto",
