@@ -10,7 +10,9 @@ only for what a trial needs: the device workers' benchmarking children (which im
 open the GPU) start before Ray is started or this machine's is joined (``PrewarmedChildren``), the device
 workers start together and adopt them, and the compile workers warm up (import the kernels)
 beside them and beside the first trials, not before them. (Warming them only once the device workers were up
-left the device workers' start as slow and slowed the first trials: ``docs/findings.md``.) A Ray
+left the device workers' start as slow and slowed the first trials: ``docs/findings.md``.) On a GPU
+host a few local compile processes start before Ray too (``workers.local_compilers``): Ray's compile
+workers are ready seconds after the first trial, and until then these compile its configs. A Ray
 the pool starts itself prestarts no idle workers: the pool's tasks carry a runtime env, so such
 workers would go unused. ``timings`` says where the seconds went.
 Ray and the workers' modules are imported by ``start``: importing this module (``PoolError``)
@@ -32,6 +34,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from workers.local_compilers import LocalCompilers, local_compiler_count
 
 # Variables the workers need to see as the driver sees them.
 FORWARDED_PREFIXES = ("TUNER_", "TRITON_", "PYTHONPATH", "CUDA_LAUNCH_BLOCKING")
@@ -211,6 +215,7 @@ class WorkerPool:
     timings: dict[str, float] = field(default_factory=dict)  # seconds per start-up step
     warming: list[Any] = field(default_factory=list)  # the compile workers' warm-ups, still running
     prewarmed: PrewarmedChildren | None = None
+    local_compilers: LocalCompilers | None = None  # this host's compile processes, started before Ray
     # seconds from the start's beginning to the last device worker's actor starting and to the last
     # adopted child being ready: which of the two the workers' step waited on
     milestones: dict[str, float] = field(default_factory=dict)
@@ -229,6 +234,9 @@ class WorkerPool:
         # longest: for a Ray of our own or this machine's head (a worker placed on another node finds
         # no child to adopt and starts its own)
         prewarmed = PrewarmedChildren.start(cpu_workers, first_problem) if started and not address else None
+        # and, on a GPU host, compile processes, ready seconds before Ray's compile workers could be
+        local = (LocalCompilers.start(local_compiler_count(), {**os.environ, **_worker_env(False)})
+                 if prewarmed is not None and prewarmed.gpu_socket is not None else None)
         import ray
 
         # a given CPU count asks for a Ray of this process's own
@@ -249,6 +257,9 @@ class WorkerPool:
 
         gpus = int(ray.cluster_resources().get("GPU", 0))
         interpret = gpus == 0
+        if interpret and local is not None:  # Ray found no GPU after all: nothing to compile ahead
+            local.close()
+            local = None
         env = _worker_env(interpret)
         options = {"runtime_env": {"env_vars": env}}
         adopt = prewarmed.socket_of if prewarmed is not None else lambda _interpret, _index: None
@@ -270,26 +281,31 @@ class WorkerPool:
                 ray.shutdown()
             if prewarmed is not None:
                 prewarmed.close()
+            if local is not None:
+                local.close()
             raise PoolError(f"device workers failed to start: {exc}") from None
         if prewarmed is not None:
             prewarmed.drop_unadopted()
         timings["workers_s"] = time.perf_counter() - began - timings["import_s"] - timings["ray_s"]
         pool = cls(actors, infos, compile_ahead=not interpret, compile_slots=compile_slots,
                    runtime_env=options["runtime_env"], started_ray=started, own_ray=own_ray, timings=timings,
-                   warming=warming, prewarmed=prewarmed, milestones=_milestones(infos, began_wall),
-                   started_at=began_wall)
+                   warming=warming, prewarmed=prewarmed, local_compilers=local,
+                   milestones=_milestones(infos, began_wall), started_at=began_wall)
         pool.arch  # noqa: B018 - fail early on a mixed pool
         return pool
 
     def note_compile_workers_ready(self, timeout_s: float = 60.0) -> None:
         """Wait for the compile workers' warm-ups and add ``compile_workers_ready_s`` to the milestones: when
-        the last was ready, counted from the start's beginning. Until then a sweep's benchmarking child
+        the last was ready, counted from the start's beginning (and ``local_compilers_ready_s``, when the
+        last local compile process the sweep heard from was). Until then a sweep's benchmarking child
         compiles its configs itself; a benchmark calls this after its sweep, the sweep itself never waits."""
         import ray
 
         if self.warming:
             ready = ray.get(self.warming, timeout=timeout_s)
             self.milestones["compile_workers_ready_s"] = max(ready) - self.started_at
+        if self.local_compilers is not None and self.local_compilers.ready_times:
+            self.milestones["local_compilers_ready_s"] = max(self.local_compilers.ready_times) - self.started_at
 
     @property
     def arch(self) -> str:
@@ -317,3 +333,6 @@ class WorkerPool:
         if self.prewarmed is not None:
             self.prewarmed.close()
         self.prewarmed = None
+        if self.local_compilers is not None:
+            self.local_compilers.close()
+        self.local_compilers = None

@@ -45,6 +45,7 @@ from tuner.sweep.kernel_facts import KernelFacts, ShapeFacts
 from tuner.sweep.spec import stored_spec
 from tuner.sweep.strategies import ConfigSource, GridSource, OptunaSource, Proposal, default_in_space, make_sampler
 from workers.compile_task import compile_config
+from workers.local_compilers import LocalCompile
 from workers.pool import WorkerPool
 
 # Times a config goes back in line after the worker measuring it died, before it is recorded as a crash.
@@ -94,6 +95,7 @@ class Pending:
         return self.proposal.config
 
 
+LOCAL_POLL_S = 0.02  # how long the loop waits on Ray while a local compile process may answer
 SLOW_TRIAL_S = 30.0  # a trial benchmarking this long is named in the log (its timeout is the spec's)
 
 
@@ -264,7 +266,8 @@ class SweepRunner:
         if not self.pool.compile_ahead or not self.facts.compiles:
             return False
         memory = min(i.get("memory_bytes") or 0 for i in self.pool.infos)
-        return state.facts.bytes_moved * self.pool.compile_slots <= COMPILE_MEMORY_SHARE * memory
+        local = self.pool.local_compilers.count if self.pool.local_compilers is not None else 0
+        return state.facts.bytes_moved * (self.pool.compile_slots + local) <= COMPILE_MEMORY_SHARE * memory
 
     def _search(self, state: ShapeState) -> None:
         ready: deque[Pending] = deque()
@@ -272,17 +275,36 @@ class SweepRunner:
         benching: dict[Any, tuple[Pending, int]] = {}
         idle = self._live_workers()
         compile_ahead = self._compiles_ahead(state)
-        lookahead = 2 * len(self.pool.workers) + (self.pool.compile_slots if compile_ahead else 0)
+        local = self.pool.local_compilers if compile_ahead else None
+        lookahead = 2 * len(self.pool.workers) + (
+            self.pool.compile_slots + (local.count if local is not None else 0) if compile_ahead else 0)
         timeout_s = self.timing.trial_timeout_s
         exhausted = False
 
         def admit(pending: Pending) -> None:
-            if compile_ahead:
-                task = compile_config.options(runtime_env=self.pool.runtime_env)
-                ref = task.remote(self.facts.name, state.shape, pending.config)
-                compiling[ref] = pending
-            else:
+            """To a local compile process if one is idle, else to Ray's compile workers, else (nothing
+            compiles ahead) straight to the device workers."""
+            if not compile_ahead:
                 ready.append(pending)
+                return
+            handle = local.submit(self.facts.name, state.shape, pending.config) if local is not None else None
+            if handle is None:
+                task = compile_config.options(runtime_env=self.pool.runtime_env)
+                handle = task.remote(self.facts.name, state.shape, pending.config)
+            compiling[handle] = pending
+
+        def feed_local() -> None:
+            """Hand an idle local compile process the newest config queued for Ray's compile workers, which
+            most likely has not started (they warm up seconds after the local ones)."""
+            while local is not None:
+                queued = next((ref for ref in reversed(compiling) if not isinstance(ref, LocalCompile)), None)
+                if queued is None:
+                    return
+                handle = local.submit(self.facts.name, state.shape, compiling[queued].config)
+                if handle is None:
+                    return
+                ray.cancel(queued)
+                compiling[handle] = compiling.pop(queued)
 
         def dispatch() -> None:
             while idle:
@@ -290,7 +312,9 @@ class SweepRunner:
                 if taken is None:
                     return
                 pending, compile_task = taken
-                if compile_task is not None:
+                if isinstance(compile_task, LocalCompile):
+                    local.abandon(compile_task)  # it finishes into the cache; the child may find it there
+                elif compile_task is not None:
                     ray.cancel(compile_task)  # most likely still queued: its slot goes to the next config
                 worker = idle.pop()
                 pending.started_at, pending.dispatched = utcnow(), time.monotonic()
@@ -314,15 +338,26 @@ class SweepRunner:
                     exhausted = True
                 elif (pending := self._screen(state, proposal)) is not None:
                     admit(pending)
+            feed_local()
             dispatch()
             if not (ready or compiling or benching):
                 return
             self._ping_resting()
-            waiting = [*compiling, *benching, *self.down]
-            done, _ = ray.wait(waiting, num_returns=1, timeout=1.0)
-            if done:
-                done, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
+            waiting = [*(ref for ref in compiling if not isinstance(ref, LocalCompile)), *benching, *self.down]
+            polling = local is not None and local.busy()
+            done = []
+            if waiting:
+                done, _ = ray.wait(waiting, num_returns=1, timeout=LOCAL_POLL_S if polling else 1.0)
+                if done:
+                    done, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
             finished: list[tuple[Pending, dict[str, Any], int | None]] = []
+            for handle, result in local.poll(0.0 if waiting else 1.0) if polling else []:
+                if (pending := compiling.pop(handle, None)) is None:
+                    continue  # the child took it meanwhile
+                if result["status"] == "ok":
+                    ready.append(pending)
+                else:
+                    finished.append((pending, result, None))
             for ref in done:
                 if ref in self.down:
                     if self._revived(ref):
@@ -356,7 +391,10 @@ class SweepRunner:
                             self.facts.name, state.key, time.monotonic() - pending.dispatched, pending.config)
             for ref, pending in list(compiling.items()):
                 if time.monotonic() - pending.submitted > timeout_s:
-                    ray.cancel(ref, force=True)
+                    if isinstance(ref, LocalCompile):
+                        local.kill(ref)
+                    else:
+                        ray.cancel(ref, force=True)
                     del compiling[ref]
                     self._record(state, pending, {"status": "compile_error",
                                                   "error": f"compilation took over {timeout_s:.0f} s"}, worker=None)

@@ -1,4 +1,4 @@
-"""The ahead-of-time compile task: what it reports for a config, and what it leaves to the GPU child."""
+"""The ahead-of-time compile: what it reports for a config, and what it leaves to the GPU child."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels import registry
-from workers import compile_task
+from workers import compiler
 
 
 def _kernel(fault: BaseException | None) -> SimpleNamespace:
@@ -28,8 +28,8 @@ def _kernel(fault: BaseException | None) -> SimpleNamespace:
 ])
 def test_compile_reports_the_configs_own_failures_only(monkeypatch, fault, status):
     monkeypatch.setattr(registry, "get", lambda name: _kernel(fault))
-    compile_task._inputs.clear()
-    result = compile_task.compile_one("probe", {"n": 3}, {"BLOCK": 3})
+    compiler._inputs.clear()
+    result = compiler.compile_one("probe", {"n": 3}, {"BLOCK": 3})
     assert result["status"] == status
     if status == "compile_error":
         assert "BLOCK must be a power of two" in result["error"]

@@ -1,0 +1,111 @@
+"""The pool's local compile processes: their protocol, their faults, and a sweep compiling ahead in them.
+
+On the CPU a compile is a no-op (the interpreter has nothing to compile), so these check what goes where,
+not what Triton makes of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from sqlalchemy import select
+
+from db import Trial, open_database, session_scope
+from tests.cli_run import invoke_tuner
+from workers.local_compilers import LocalCompile, LocalCompilers, local_compiler_count
+
+INTERPRET = {**os.environ, "TRITON_INTERPRET": "1"}
+SHAPE = {"tokens": 16, "hidden": 64}
+CONFIG = {"BLOCK_M": 1, "BLOCK_D": 0, "num_warps": 1, "num_stages": 1}
+
+
+def _answers(compilers: LocalCompilers, wanted: int, timeout_s: float = 120.0) -> list[tuple[LocalCompile, dict]]:
+    answers, deadline = [], time.monotonic() + timeout_s
+    while len(answers) < wanted and time.monotonic() < deadline:
+        answers += compilers.poll(1.0)
+    return answers
+
+
+def _until_ready(compilers: LocalCompilers, count: int, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(compilers.ready_times) < count and time.monotonic() < deadline:
+        assert compilers.poll(1.0) == []  # nothing was asked yet
+    assert len(compilers.ready_times) == count
+
+
+def test_idle_processes_take_configs_and_answer_each_once():
+    compilers = LocalCompilers.start(2, INTERPRET)
+    try:
+        assert compilers.submit("rmsnorm_fwd", SHAPE, CONFIG) is None  # still importing: none is idle
+        _until_ready(compilers, 2)
+        first = compilers.submit("rmsnorm_fwd", SHAPE, CONFIG)
+        second = compilers.submit("rmsnorm_fwd", SHAPE, {**CONFIG, "num_warps": 2})
+        assert {first.process, second.process} == {0, 1}
+        assert compilers.submit("rmsnorm_fwd", SHAPE, CONFIG) is None  # both busy
+        compilers.abandon(second)  # the benchmarking child took it: its answer is dropped
+        answers = _answers(compilers, 1)
+        assert [handle for handle, _ in answers] == [first] and answers[0][1]["status"] == "ok"
+        assert answers[0][1]["seconds"] >= 0
+        assert _answers(compilers, 1, timeout_s=3.0) == [] and not compilers.busy()  # both idle again
+        unknown = compilers.submit("no_such_kernel", SHAPE, CONFIG)
+        [(handle, result)] = _answers(compilers, 1)
+        assert handle is unknown and result["status"] == "compile_error" and "no_such_kernel" in result["error"]
+    finally:
+        compilers.close()
+    assert not compilers.busy() and compilers.submit("rmsnorm_fwd", SHAPE, CONFIG) is None
+
+
+def test_a_process_that_dies_mid_compile_answers_crash_and_a_killed_one_is_gone():
+    ready_then_die = ("import json, sys; print(json.dumps({'ready_at': 1.0}), flush=True); "
+                      "sys.stdin.readline(); sys.exit(3)")
+    ready_then_wait = "import json, sys, time; print(json.dumps({'ready_at': 2.0}), flush=True); time.sleep(60)"
+    compilers = LocalCompilers([subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                                 stdout=subprocess.PIPE) for code in (ready_then_die, ready_then_wait)])
+    try:
+        _until_ready(compilers, 2)
+        assert sorted(compilers.ready_times) == [1.0, 2.0]
+        dying = compilers.submit("k", SHAPE, CONFIG)
+        hanging = compilers.submit("k", SHAPE, CONFIG)
+        [(handle, result)] = _answers(compilers, 1)
+        assert handle is dying and result["status"] == "crash" and "exit code 3" in result["error"]
+        compilers.kill(hanging)  # past its time limit
+        assert not compilers.busy() and compilers.submit("k", SHAPE, CONFIG) is None  # neither is left
+    finally:
+        compilers.close()
+
+
+def test_half_the_cores_at_most_eight():
+    assert [local_compiler_count(cpus) for cpus in (1, 2, 16, 64)] == [1, 1, 8, 8]
+
+
+def test_a_sweep_compiles_ahead_in_the_local_processes(tmp_path, db_url, local_ray, monkeypatch):
+    from tuner.sweep.runner import SweepRunner
+    from workers.pool import WorkerPool
+
+    started: list[LocalCompilers] = []
+    start = WorkerPool.start.__func__
+
+    def start_with_local_compilers(cls, *args, **kwargs):  # as on a GPU host, which this machine is not
+        pool = start(cls, *args, **kwargs)
+        pool.local_compilers = LocalCompilers.start(2, INTERPRET)
+        started.append(pool.local_compilers)
+        return pool
+
+    monkeypatch.setattr(WorkerPool, "start", classmethod(start_with_local_compilers))
+    monkeypatch.setattr(SweepRunner, "_compiles_ahead", lambda self, state: True)
+    spec = tmp_path / "grid.yaml"
+    spec.write_text(json.dumps({
+        "kernel": "rmsnorm_fwd", "shapes": [SHAPE], "strategy": {"name": "grid"},
+        "space": {"BLOCK_M": [1, 2, 4], "BLOCK_D": [0], "num_warps": [1, 2], "num_stages": [1]},
+        "timing": {"warmup_ms": 1, "rep_ms": 5, "retime_rounds": 1, "retime_top": 2, "trial_timeout_s": 60}}))
+    code, out = invoke_tuner(db_url, "sweep", "run", str(spec))
+    assert code == 0 and "done" in out, out
+    with session_scope(open_database(db_url)) as session:
+        statuses = [t.status for t in session.scalars(select(Trial)).all()]
+    assert statuses and set(statuses) <= {"ok", "pruned"} and "ok" in statuses
+    [compilers] = started
+    assert compilers.answered >= 1  # configs the processes compiled for the sweep
+    assert not compilers.busy() and compilers.submit("rmsnorm_fwd", SHAPE, CONFIG) is None  # closed with the pool

@@ -1,0 +1,43 @@
+"""Compiling one config into Triton's cache without launching it: what a sweep's compile workers do ahead
+of its benchmarking child (as Ray tasks, ``workers.compile_task``, or as the pool's local compile processes,
+``workers.compile_server``). Imports neither Ray nor torch until a config is compiled.
+
+The compile allocates its problem's tensors on the GPU, which the benchmarking child shares: it hands its
+allocator's cache back after every config (a full-size attention backward sizes buffers of up to 10 GiB),
+and a config that finds the GPU full is left for the child to compile on its first launch rather than
+recorded as a compile error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.errors import error_text
+
+_inputs: dict[tuple[str, str], dict[str, Any]] = {}
+
+
+def compile_one(kernel_name: str, shape: dict[str, int], config: dict[str, Any]) -> dict[str, Any]:
+    """``{"status": "ok"}`` when ``config`` compiled (or was left to the child), else a ``compile_error`` with its text."""
+    import torch  # here, not at the top: the driver that submits these tasks needs neither torch nor the kernels
+
+    from kernels import registry
+    from kernels.arch import kernel_device
+
+    kernel = registry.get(kernel_name)
+    if kernel.compile is None:
+        return {"status": "ok"}
+    key = (kernel_name, kernel.shape_key(shape))
+    try:
+        if key not in _inputs:
+            _inputs.clear()
+            _inputs[key] = kernel.make_inputs(shape, kernel_device(), 0)
+        kernel.compile(_inputs[key], config)
+    except torch.OutOfMemoryError:
+        return {"status": "ok"}  # not the config's fault; the child compiles it when it launches
+    except Exception as exc:  # noqa: BLE001 - every compiler failure is a result, not a fault
+        return {"status": "compile_error", "error": error_text(exc)}
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return {"status": "ok"}
