@@ -134,11 +134,12 @@ class LocalCompilers:
         return answers
 
     def close(self) -> None:
-        """End every process, mid-compile or not."""
+        """End every process, mid-compile or not, and reap those that ended by themselves."""
         for process in self._processes:
-            if process.state != "gone":
+            if process.popen.poll() is None:
                 process.popen.kill()
-                process.popen.wait()
+            process.popen.wait()
+            if process.state != "gone":
                 self._gone(process)
 
     @staticmethod
