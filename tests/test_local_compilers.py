@@ -80,6 +80,17 @@ def test_a_process_that_dies_mid_compile_answers_crash_and_a_killed_one_is_gone(
         compilers.close()
 
 
+def test_a_first_problem_that_fails_to_compile_leaves_the_process_serving():
+    compilers = LocalCompilers.start(1, INTERPRET, {"kernel": "no_such_kernel", "shape": SHAPE})
+    try:
+        _until_ready(compilers, 1)
+        handle = compilers.submit("rmsnorm_fwd", SHAPE, CONFIG)
+        [(answered, result)] = _answers(compilers, 1)
+        assert answered is handle and result["status"] == "ok"
+    finally:
+        compilers.close()
+
+
 def test_half_the_cores_at_most_eight():
     assert [local_compiler_count(cpus) for cpus in (1, 2, 16, 64)] == [1, 1, 8, 8]
 
@@ -93,7 +104,7 @@ def test_a_sweep_compiles_ahead_in_the_local_processes(tmp_path, db_url, local_r
 
     def start_with_local_compilers(cls, *args, **kwargs):  # as on a GPU host, which this machine is not
         pool = start(cls, *args, **kwargs)
-        pool.local_compilers = LocalCompilers.start(2, INTERPRET)
+        pool.local_compilers = LocalCompilers.start(2, INTERPRET, {"kernel": "rmsnorm_fwd", "shape": SHAPE})
         started.append(pool.local_compilers)
         return pool
 

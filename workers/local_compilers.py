@@ -52,8 +52,11 @@ class LocalCompilers:
         self.answered = 0  # answers handed to the sweep (abandoned configs' not counted)
 
     @classmethod
-    def start(cls, count: int, env: dict[str, str]) -> LocalCompilers:
+    def start(cls, count: int, env: dict[str, str], problem: dict[str, Any] | None = None) -> LocalCompilers:
+        """``problem``: the sweep's first (kernel, shape), whose default each process compiles as it warms up."""
         argv = [sys.executable, "-m", "workers.compile_server", str(os.getpid())]
+        if problem is not None:
+            argv.append(json.dumps({"kernel": problem["kernel"], "shape": problem["shape"]}))
         return cls([subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL) for _ in range(count)])
 

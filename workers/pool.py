@@ -235,7 +235,7 @@ class WorkerPool:
         # no child to adopt and starts its own)
         prewarmed = PrewarmedChildren.start(cpu_workers, first_problem) if started and not address else None
         # and, on a GPU host, compile processes, ready seconds before Ray's compile workers could be
-        local = (LocalCompilers.start(local_compiler_count(), {**os.environ, **_worker_env(False)})
+        local = (LocalCompilers.start(local_compiler_count(), {**os.environ, **_worker_env(False)}, first_problem)
                  if prewarmed is not None and prewarmed.gpu_socket is not None else None)
         import ray
 
