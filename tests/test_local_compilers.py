@@ -62,9 +62,11 @@ def test_idle_processes_take_configs_and_answer_each_once():
 
 
 def test_a_process_that_dies_mid_compile_answers_crash_and_a_killed_one_is_gone():
+    """(And a line that is no answer is passed over.)"""
     ready_then_die = ("import json, sys; print(json.dumps({'ready_at': 1.0}), flush=True); "
                       "sys.stdin.readline(); sys.exit(3)")
-    ready_then_wait = "import json, sys, time; print(json.dumps({'ready_at': 2.0}), flush=True); time.sleep(60)"
+    ready_then_wait = ("import json, sys, time; print('a library talking', flush=True); "
+                       "print(json.dumps({'ready_at': 2.0}), flush=True); time.sleep(60)")
     compilers = LocalCompilers([subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                                  stdout=subprocess.PIPE) for code in (ready_then_die, ready_then_wait)])
     try:

@@ -16,6 +16,7 @@ its input or when the pool's process dies.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -30,6 +31,10 @@ def serve(parent: int, problem: dict[str, Any] | None = None) -> None:
     compiling ``problem``'s default pays them before the sweep asks, and puts the config a sweep measures
     first into the cache."""
     exit_with_parent(parent)
+    # the answers keep stdout to themselves: whatever the libraries print (a compiler's warnings) goes to stderr
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     import torch
 
     from kernels import registry
@@ -45,7 +50,7 @@ def serve(parent: int, problem: dict[str, Any] | None = None) -> None:
             compile_one(problem["kernel"], problem["shape"], default)
         except Exception:  # noqa: BLE001, S110 - the sweep's own compiles meet and report what failed here
             pass
-    print(json.dumps({"ready_at": time.time()}), flush=True)
+    print(json.dumps({"ready_at": time.time()}), file=answers, flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         began = time.perf_counter()
@@ -53,7 +58,7 @@ def serve(parent: int, problem: dict[str, Any] | None = None) -> None:
             result = compile_one(request["kernel"], request["shape"], request["config"])
         except Exception as exc:  # noqa: BLE001 - a request this process cannot serve is answered, not fatal
             result = {"status": "compile_error", "error": error_text(exc)}
-        print(json.dumps({**result, "seconds": time.perf_counter() - began}), flush=True)
+        print(json.dumps({**result, "seconds": time.perf_counter() - began}), file=answers, flush=True)
 
 
 if __name__ == "__main__":

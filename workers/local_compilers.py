@@ -125,7 +125,10 @@ class LocalCompilers:
             process.buffer += chunk
             while b"\n" in process.buffer:
                 line, process.buffer = process.buffer.split(b"\n", 1)
-                message = json.loads(line)
+                try:
+                    message = json.loads(line)
+                except ValueError:  # not an answer: the server sends libraries' output to stderr, but be sure
+                    continue
                 if process.state == "starting":
                     process.state, process.ready_at = "idle", message["ready_at"]
                 elif process.current is not None:
