@@ -62,7 +62,7 @@ def test_idle_processes_take_configs_and_answer_each_once():
 
 
 def test_a_process_that_dies_mid_compile_answers_crash_and_a_killed_one_is_gone():
-    """(And a line that is no answer is passed over.)"""
+    """Also: a line on stdout that is no answer (a library talking) is passed over."""
     ready_then_die = ("import json, sys; print(json.dumps({'ready_at': 1.0}), flush=True); "
                       "sys.stdin.readline(); sys.exit(3)")
     ready_then_wait = ("import json, sys, time; print('a library talking', flush=True); "
