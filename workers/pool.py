@@ -270,7 +270,9 @@ class WorkerPool:
             actors = [DeviceWorker.options(num_gpus=1, num_cpus=0, **options).remote(env, adopt(False, i))
                       for i in range(gpus)]
         cpus = int(ray.cluster_resources().get("CPU", 1))
-        compile_slots = max(min(cpus - (len(actors) if interpret else 0), MAX_COMPILE_WORKERS), 1)
+        # one compile process a core in all: the local ones count against Ray's compile slots
+        busy = len(actors) if interpret else (local.count if local is not None else 0)
+        compile_slots = max(min(cpus - busy, MAX_COMPILE_WORKERS), 1)
         warming = [] if interpret else [warm_up.options(**options).remote() for _ in range(compile_slots)]
         try:  # compile workers warm up while the device workers' children import torch, and after
             infos = ray.get([a.describe.remote() for a in actors], timeout=START_TIMEOUT_S)
