@@ -1,1 +1,2 @@
-"""Ray workers: device actors with crash-isolated benchmark children, compile tasks, and the pool's local compile processes."""
+"""Ray workers: device actors with crash-isolated benchmark children, compile tasks, and the pool's
+local compile processes."""
