@@ -310,6 +310,11 @@ class WorkerPool:
             self.milestones["local_compilers_ready_s"] = max(self.local_compilers.ready_times) - self.started_at
 
     @property
+    def compile_processes(self) -> int:
+        """The processes that compile ahead: Ray's compile slots and this host's local compile processes."""
+        return self.compile_slots + (self.local_compilers.count if self.local_compilers is not None else 0)
+
+    @property
     def arch(self) -> str:
         archs = {i["arch"] for i in self.infos}
         if len(archs) != 1:

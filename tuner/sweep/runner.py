@@ -266,8 +266,7 @@ class SweepRunner:
         if not self.pool.compile_ahead or not self.facts.compiles:
             return False
         memory = min(i.get("memory_bytes") or 0 for i in self.pool.infos)
-        local = self.pool.local_compilers.count if self.pool.local_compilers is not None else 0
-        return state.facts.bytes_moved * (self.pool.compile_slots + local) <= COMPILE_MEMORY_SHARE * memory
+        return state.facts.bytes_moved * self.pool.compile_processes <= COMPILE_MEMORY_SHARE * memory
 
     def _search(self, state: ShapeState) -> None:
         ready: deque[Pending] = deque()
@@ -276,8 +275,7 @@ class SweepRunner:
         idle = self._live_workers()
         compile_ahead = self._compiles_ahead(state)
         local = self.pool.local_compilers if compile_ahead else None
-        lookahead = 2 * len(self.pool.workers) + (
-            self.pool.compile_slots + (local.count if local is not None else 0) if compile_ahead else 0)
+        lookahead = 2 * len(self.pool.workers) + (self.pool.compile_processes if compile_ahead else 0)
         timeout_s = self.timing.trial_timeout_s
         exhausted = False
 

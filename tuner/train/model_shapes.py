@@ -42,8 +42,8 @@ GRAPH_TIMED_BELOW_MS = 2.0
 PEAK_TFLOPS, PEAK_TBPS = 1000.0, 5.0  # above any supported GPU's dense bf16 rate and HBM bandwidth
 # A graph-timed launch's trial (compile, check, replay) finishes in seconds: a config whose compile does
 # not end within this is given up sooner than the spec's default 120 s. On one H100 a proxy-8l expert
-# GEMM's trials took 1-5 s, and one warp-specialized config's compile never ended, holding its sweep
-# until the deadline (docs/findings.md)
+# GEMM's trials took 1-5 s, and one warp-specialized config never answered (compile or launch), holding
+# its sweep until the deadline (docs/findings.md)
 GRAPH_TIMED_TRIAL_TIMEOUT_S = 30.0
 
 
