@@ -796,17 +796,26 @@ def warp_specialized_gemm_specs() -> list[tuple[str, dict]]:
 
 def untuned_gemm_specs() -> list[tuple[str, dict]]:
     """TPE sweeps of the expert GEMMs at the Flash and Pro shapes the committed sm_90 table holds no
-    entry for, the weight gradients first. On 2026-12-04d these were both weight-gradient GEMMs at
-    every shape (swept only in part on 2026-11-30, and skipped by its export as stale) and the up
-    GEMM's dX at skewed loads and at EP 1: they ran their heuristic defaults in every benchmark."""
+    entry for, the weight gradients first, and each kernel's expert-parallel shapes (the ones
+    ``bench/expert_mlp.py`` times: a balanced load of 24,576 rows over 32 or 48 experts) before all
+    others: a sweep cut short by its deadline has tuned what the benchmarks run."""
     entries = load_table("sm_90")["entries"]
-    specs = []
-    for kernel in dict.fromkeys(("expert_down_bwd_dw", "expert_up_bwd_dw", *EXPERT_GEMMS)):
+    first: list[tuple[str, dict]] = []
+    rest: list[tuple[str, dict]] = []
+    for kernel in dict.fromkeys(("expert_up_bwd_dw", "expert_down_bwd_dw", *EXPERT_GEMMS)):
         held = entries.get(kernel, {})
         shapes = [s for s in shapes_of(kernel) if registry.get(kernel).shape_key(s) not in held]
-        if shapes:
-            specs.append((f"{kernel}-untuned", tpe_spec(kernel, shapes, TPE_TRIALS["gemm"])))
-    return specs
+        benched = [s for s in shapes if _expert_parallel_benched(s)]
+        others = [s for s in shapes if not _expert_parallel_benched(s)]
+        if benched:
+            first.append((f"{kernel}-untuned-ep8", tpe_spec(kernel, benched, TPE_TRIALS["gemm"])))
+        if others:
+            rest.append((f"{kernel}-untuned", tpe_spec(kernel, others, TPE_TRIALS["gemm"])))
+    return first + rest
+
+
+def _expert_parallel_benched(shape: dict) -> bool:
+    return shape["tokens"] == 24576 and shape["experts"] in (32, 48) and shape["skew"] == 0
 
 
 MODEL_TRIALS = 12
