@@ -149,6 +149,18 @@ def _compiling_with(kernel: Any, environment: tuple[tuple[str, str], ...]) -> It
                     os.environ[variable] = value
 
 
+def _load(compiled: Any) -> None:
+    """Load a compile's binary as a launch would, so that what a launch builds once per process and cache
+    (the driver's helper module and the argument launcher, compiled from C on a fresh cache) is built here,
+    by the compile worker, not in the benchmarking child's first call; and a config beyond the device's
+    registers or shared memory fails its compile (``OutOfResources``), not its first launch. Through a
+    Triton internal: where a version lacks it, the launch does this itself, as before."""
+    compiled = compiled.result() if hasattr(compiled, "result") else compiled
+    init_handles = getattr(compiled, "_init_handles", None)
+    if init_handles is not None:
+        init_handles()
+
+
 def launch(
     kernel: Any,
     grid: tuple[int, ...],
@@ -173,7 +185,7 @@ def launch(
     if compile_only:
         if current_arch() != INTERPRETER_ARCH:
             with _compiling_with(kernel, environment):
-                kernel.warmup(*args, grid=grid, **options)
+                _load(kernel.warmup(*args, grid=grid, **options))
     elif all(grid):
         key = _launch_key(kernel, args, options, environment) if CACHE_COMPILED else None
         try:

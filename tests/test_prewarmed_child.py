@@ -108,7 +108,8 @@ def test_a_pool_with_its_own_ray_hands_each_worker_a_prewarmed_child_and_leaves_
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"adopted": [True, True], "prepared": ["rmsnorm_fwd", "rmsnorm_fwd"], "own_ray": True,
                       "folder_left": False, "children_running": [False, False], "monitor_running": False,
-                      "milestones": ["actors_started_s", "children_ready_s", "first_problem_prepared_s"],
+                      "milestones": ["actors_started_s", "child_device_s", "child_import_s", "children_ready_s",
+                                     "first_problem_prepared_s"],
                       "ready_in_start": True}
 
 

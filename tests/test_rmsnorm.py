@@ -122,6 +122,14 @@ def test_inputs_are_seeded_random_and_compile_accepts_default(name):
     assert_seeded_random_inputs(kernel, shape)
 
 
+def test_forward_and_backward_problems_share_x_and_weight():
+    shape = registry.get("rmsnorm_fwd").presets["small"][0]
+    fwd = registry.get("rmsnorm_fwd").make_inputs(shape, torch.device("cpu"), 3)
+    bwd = registry.get("rmsnorm_bwd").make_inputs(shape, torch.device("cpu"), 3)
+    assert set(fwd) == {"x", "weight"} and {"grad_out", "rstd"} <= set(bwd)
+    assert torch.equal(fwd["x"], bwd["x"]) and torch.equal(fwd["weight"], bwd["weight"])
+
+
 def test_bytes_moved_counts_each_tensor_once():
     shape = {"tokens": 4096, "hidden": 7168}
     tokens_by_hidden = 4096 * 7168

@@ -35,10 +35,11 @@ class _AdoptedChild:
     It is the pool's child, not this process's, so its exit code is not known here (None)."""
 
     def __init__(self, conn: socket.socket, reader: Any, pid: int, ready_at: float | None,
-                 prepared: dict[str, Any] | None = None) -> None:
+                 prepared: dict[str, Any] | None = None, phases_s: dict[str, float] | None = None) -> None:
         self._conn, self.stdout, self.pid = conn, reader, pid
         self.ready_at = ready_at  # wall clock when its imports, device context and prepared problem were done
         self.prepared = prepared  # what it prepared for the sweep's first trial (``bench_child.prepare``), if asked
+        self.phases_s = phases_s or {}  # seconds its start spent importing and opening the device
         self.stdin = conn.makefile("w", encoding="utf-8")
         self._gone = False
 
@@ -66,7 +67,7 @@ def adopt(path: str) -> tuple[_AdoptedChild, Any] | None:
         conn.settimeout(None)
         ready_at = hello.get("ready_at")
         child = _AdoptedChild(conn, reader, int(hello["pid"]), float(ready_at) if ready_at is not None else None,
-                              hello.get("prepared"))
+                              hello.get("prepared"), hello.get("phases_s"))
         return child, open(stderr_path(path))
     except (OSError, ValueError, KeyError, TypeError):
         conn.close()
@@ -85,6 +86,7 @@ class BenchProcess:
         self.adopted = False
         self.child_ready_at: float | None = None  # an adopted child's: when its own start was done
         self.child_prepared: dict[str, Any] | None = None  # an adopted child's prepared problem
+        self.child_phases_s: dict[str, float] = {}  # an adopted child's start: import and device seconds
 
     def _start(self) -> subprocess.Popen[str] | _AdoptedChild:
         path, self._adopt_from = self._adopt_from, None
@@ -92,6 +94,7 @@ class BenchProcess:
             self._proc, self._stderr = found
             self.adopted = True
             self.child_ready_at, self.child_prepared = found[0].ready_at, found[0].prepared
+            self.child_phases_s = found[0].phases_s
             return self._proc
         self._stderr = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen(

@@ -36,7 +36,8 @@ class DeviceWorker:
         if "arch" not in info:
             raise RuntimeError(f"benchmark process failed to start: {info.get('error')}")
         return {**info, "node": self._node, "adopted": self._bench.adopted, "actor_started_at": self._started_at,
-                "child_ready_at": self._bench.child_ready_at, "child_prepared": self._bench.child_prepared}
+                "child_ready_at": self._bench.child_ready_at, "child_prepared": self._bench.child_prepared,
+                "child_phases_s": self._bench.child_phases_s}
 
     def run_trial(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         return {**self._bench.request({"op": "trial", **request}, timeout_s), "node": self._node}

@@ -175,7 +175,8 @@ class PrewarmedChildren:
 
 def _milestones(infos: list[dict[str, Any]], began_wall: float) -> dict[str, float]:
     """Seconds after ``began_wall`` at which the last actor started and the last adopted child was ready, and
-    the longest an adopted child spent preparing the sweep's first problem (part of its readiness)."""
+    the longest an adopted child spent importing, opening its device and preparing the sweep's first problem
+    (the parts of its readiness)."""
     out = {}
     for key, name in (("actor_started_at", "actors_started_s"), ("child_ready_at", "children_ready_s")):
         stamps = [info[key] for info in infos if info.get(key) is not None]
@@ -184,6 +185,10 @@ def _milestones(infos: list[dict[str, Any]], began_wall: float) -> dict[str, flo
     prepared = [info["child_prepared"]["seconds"] for info in infos if "seconds" in (info.get("child_prepared") or {})]
     if prepared:
         out["first_problem_prepared_s"] = max(prepared)
+    for phase in ("import", "device"):
+        spent = [info["child_phases_s"][phase] for info in infos if phase in (info.get("child_phases_s") or {})]
+        if spent:
+            out[f"child_{phase}_s"] = max(spent)
     return out
 
 

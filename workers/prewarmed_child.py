@@ -48,13 +48,17 @@ def serve(path: str, parent: int, problem: dict[str, Any] | None = None) -> None
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(1)
+    began = time.perf_counter()
     from workers import bench_child  # the seconds this process exists to spend early
 
+    imported = time.perf_counter()
     if bench_child.torch.cuda.is_available():
         with contextlib.suppress(RuntimeError):  # a device that fails here fails the worker's describe, by name
             bench_child.torch.empty(1, device="cuda")  # the device context: the rest of a child's start
+    opened = time.perf_counter()
     prepared = bench_child.prepare(problem) if problem else None
     ready_at = time.time()  # told to the adopter: the pool reports how long its workers waited on this
+    phases = {"import": imported - began, "device": opened - imported}  # the preparation's are in ``prepared``
 
     listener.settimeout(ACCEPT_TIMEOUT_S)
     try:
@@ -66,7 +70,8 @@ def serve(path: str, parent: int, problem: dict[str, Any] | None = None) -> None
             os.unlink(path)
         listener.close()
     conn.setblocking(True)
-    conn.sendall((json.dumps({"pid": os.getpid(), "ready_at": ready_at, "prepared": prepared}) + "\n").encode())
+    conn.sendall((json.dumps({"pid": os.getpid(), "ready_at": ready_at, "prepared": prepared, "phases_s": phases})
+                  + "\n").encode())
     os.dup2(conn.fileno(), sys.stdin.fileno())
     os.dup2(conn.fileno(), sys.stdout.fileno())
     conn.close()
