@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 from torch.autograd import DeviceType
 
-from tuner.train.kernel_shares import device_activities, host_syncs, kernel_class, time_shares, with_timed_ms
+from tuner.train.kernel_shares import (SHORT_NAME_CHARS, device_activities, host_syncs, kernel_class, short_name,
+                                       time_shares, with_timed_ms)
 
 
 @pytest.mark.parametrize("name, kind", [
@@ -42,6 +43,40 @@ def test_each_class_is_named_by_its_largest_kernels_summed_over_their_calls():
     shares = time_shares(activities, top=2)
     assert shares["other_top"] == [{"name": "copy", "ms": 0.35}, {"name": "index_add", "ms": 0.3}]
     assert shares["gemm_top"] == [{"name": "_grouped_wgrad_kernel", "ms": 1.0}, {"name": "nvjet_a", "ms": 0.9}]
+
+
+COPY_LAMBDA = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::"
+               "direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#12}"
+               "::operator()() const::{lambda(c10::BFloat16)#1}>(at::TensorIteratorBase&, at::native::"
+               "direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::"
+               "{lambda()#12}::operator()() const::{lambda(c10::BFloat16)#1} const&)::{lambda(int)#1}>(int, "
+               "at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
+               "::{lambda()#3}::operator()() const::{lambda()#12}::operator()() const::{lambda(c10::BFloat16)#1}>"
+               "(at::TensorIteratorBase&, at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::"
+               "{lambda()#3}::operator()() const::{lambda()#12}::operator()() const::{lambda(c10::BFloat16)#1} "
+               "const&)::{lambda(int)#1})")
+
+
+@pytest.mark.parametrize("name, short", [
+    ("_grouped_gemm_kernel", "_grouped_gemm_kernel"),
+    ("Memcpy DtoD (Device -> Device)", "Memcpy DtoD (Device -> Device)"),
+    ("void at::native::(anonymous namespace)::sum_and_scatter<c10::BFloat16, long>(long const*, c10::BFloat16*)",
+     "sum_and_scatter<BFloat16, long>"),
+    ("void at::native::unrolled_elementwise_kernel<at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>, 4, "
+     "TrivialOffsetCalculator<2, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, at::native::memory::"
+     "LoadWithCast<2>, at::native::memory::StoreWithCast<1> >(int, at::native::CUDAFunctor_add<float>)",
+     "unrolled_elementwise_kernel<CUDAFunctor_add<float>, …>"),
+])
+def test_short_names_drop_namespaces_arguments_and_long_template_tails(name, short):
+    assert short_name(name) == short
+
+
+def test_a_long_lambda_signature_shortens_to_a_readable_line():
+    short = short_name(COPY_LAMBDA)
+    assert short.startswith("elementwise_kernel<128, 4, gpu_kernel_impl_nocast<lambda>")
+    assert len(short) <= SHORT_NAME_CHARS and "::" not in short
+    shares = time_shares([(COPY_LAMBDA, 100.0), (COPY_LAMBDA, 50.0)])
+    assert shares["other_top"] == [{"name": short, "ms": 0.15}]
 
 
 def test_device_activities_keep_only_device_events():

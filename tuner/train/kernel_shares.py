@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -31,6 +32,7 @@ SYNC_WARNING = "synchronizing CUDA operation"  # what torch.cuda.set_sync_debug_
 GEMM_MARKS = ("gemm", "nvjet", "xmma", "cutlass", "_grouped_wgrad_kernel")
 ATTENTION_MARKS = ("sparse_attn", "_score_kernel", "flash", "fmha")
 TOP_OTHER = 8  # the remainder's largest kernels kept by name in ``kernel_shares.json``
+SHORT_NAME_CHARS = 80
 
 
 def kernel_class(name: str) -> str:
@@ -43,6 +45,48 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
+def short_name(name: str) -> str:
+    """A device kernel's name as a reader scans it: no ``void``, namespaces, lambdas' scopes or argument
+    list, and template arguments cut after the first that is not a number where they run long
+    (``unrolled_elementwise_kernel<CUDAFunctor_add<float>, …>``); profilers give the whole demangled C++
+    signature, often thousands of characters."""
+    text = name.removeprefix("void ").replace("(anonymous namespace)::", "").replace("operator()", "operator")
+    text = re.sub(r"\{lambda\([^(){}]*\)#\d+\}", "lambda", text)
+    while (scoped := re.sub(r"\w+\([^()]*\)(?: const)?::", "", text)) != text:  # f(args)::lambda, nested
+        text = scoped
+    text = re.sub(r"\b\w+::", "", text)
+    arguments = _top_level(text, "(") if name.startswith("void ") else []  # a signature, not "Memcpy DtoD (...)"
+    text = (text[:arguments[0]] if arguments else text).strip()
+    if len(text) <= SHORT_NAME_CHARS or "<" not in text:
+        return _clip(text)
+    head, _, inside = text.partition("<")
+    kept = []
+    for argument in _split_top_level(inside.removesuffix(">")):
+        kept.append(argument.strip())
+        if not argument.strip().isdigit():
+            break
+    return _clip(f"{head}<{', '.join(kept)}, …>")
+
+
+def _top_level(text: str, char: str) -> list[int]:
+    """Where ``char`` occurs in ``text`` outside any ``<...>``."""
+    depth, found = 0, []
+    for i, c in enumerate(text):
+        depth += {"<": 1, ">": -1}.get(c, 0)
+        if c == char and depth == 0:
+            found.append(i)
+    return found
+
+
+def _split_top_level(text: str) -> list[str]:
+    cuts = [-1, *_top_level(text, ","), len(text)]
+    return [text[a + 1:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= SHORT_NAME_CHARS else text[:SHORT_NAME_CHARS - 1] + "…"
+
+
 def time_shares(activities: Iterable[tuple[str, float]], top: int = TOP_OTHER) -> dict[str, Any]:
     """Milliseconds per class of ``(name, microseconds)`` device activities, their total, the
     remainder ratio (total over GEMM plus attention; None when the layer has neither), and per class
@@ -53,7 +97,7 @@ def time_shares(activities: Iterable[tuple[str, float]], top: int = TOP_OTHER) -
     for name, us in activities:
         kind = kernel_class(name)
         ms[kind] += us / 1e3
-        by_name[kind][name] += us / 1e3
+        by_name[kind][short_name(name)] += us / 1e3
     total = sum(ms.values())
     core = ms["gemm"] + ms["attention"]
     return {**{f"{kind}_ms": round(value, 4) for kind, value in ms.items()}, "total_ms": round(total, 4),
