@@ -59,6 +59,7 @@ COPY_LAMBDA = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kern
 
 @pytest.mark.parametrize("name, short", [
     ("_grouped_gemm_kernel", "_grouped_gemm_kernel"),
+    ("aten::index_add_", "aten::index_add_"),
     ("Memcpy DtoD (Device -> Device)", "Memcpy DtoD (Device -> Device)"),
     ("void at::native::(anonymous namespace)::sum_and_scatter<c10::BFloat16, long>(long const*, c10::BFloat16*)",
      "sum_and_scatter<BFloat16, long>"),

@@ -46,17 +46,19 @@ def kernel_class(name: str) -> str:
 
 
 def short_name(name: str) -> str:
-    """A device kernel's name as a reader scans it: no ``void``, namespaces, lambdas' scopes or argument
-    list, and template arguments cut after the first that is not a number where they run long
-    (``unrolled_elementwise_kernel<CUDAFunctor_add<float>, …>``); profilers give the whole demangled C++
-    signature, often thousands of characters."""
+    """A device kernel's name as a reader scans it. Of a C++ signature: no ``void``, namespaces, lambdas'
+    scopes or argument list, and template arguments cut after the first that is not a number where they
+    run long (``unrolled_elementwise_kernel<CUDAFunctor_add<float>, …>``); profilers give the whole
+    demangled signature, often thousands of characters. Other names are only clipped."""
+    if not name.startswith("void "):  # not a C++ signature: a Triton kernel, cuBLAS's, a copy, an ``aten::`` op
+        return _clip(name)
     text = name.removeprefix("void ").replace("(anonymous namespace)::", "").replace("operator()", "operator")
     text = re.sub(r"\{lambda\([^(){}]*\)#\d+\}", "lambda", text)
     while (scoped := re.sub(r"\w+\([^()]*\)(?: const)?::", "", text)) != text:  # f(args)::lambda, nested
         text = scoped
     text = re.sub(r"\b\w+::", "", text)
-    arguments = _top_level(text, "(") if name.startswith("void ") else []  # a signature, not "Memcpy DtoD (...)"
-    text = (text[:arguments[0]] if arguments else text).strip()
+    arguments = _top_level(text, "(")
+    text = text[:arguments[0]] if arguments else text
     if len(text) <= SHORT_NAME_CHARS or "<" not in text:
         return _clip(text)
     head, _, inside = text.partition("<")
