@@ -8,9 +8,7 @@ loads, with the arch's tables. The peer is what a model without the project's ke
 the backward (where the installed torch rejects ``_grouped_mm``, as on a CPU, one ``torch.mm`` per
 expert, named ``loop``).
 
-The Triton path runs twice: as shipped, its weight-gradient GEMMs on a second stream beside the dX
-GEMMs, and with all four backward GEMMs in order on one stream (``triton-serial``); the ratio of their
-backward times is what the overlap gives. Two gradient modes, each variant timed in both:
+Two gradient modes, each variant timed in both:
 
 * ``bf16``: the weight gradients come back to autograd in bf16, like for like with the peer;
 * ``main_grad``: they are added into fp32 buffers, as in training (``v4.optim``): the Triton kernels
@@ -45,9 +43,6 @@ SHAPES = {
 }
 SMOKE_SHAPES = {"smoke": {"tokens": 96, "experts": 4, "hidden": 64, "ffn": 32}}
 GRAD_MODES = ("bf16", "main_grad")
-# ``triton``: the weight-gradient GEMMs on a second stream beside the dX GEMMs (the default);
-# ``triton-serial``: all four backward GEMMs in order on one stream, to show what the overlap gives
-TRITON_IMPLS = ("triton", "triton-serial")
 PARITY_FLOOR = 1e-2  # an error (relative norm of the difference from fp32) this small passes outright
 # Triton's CPU interpreter rounds fp32 to bf16 by truncation, which doubles each rounding's error
 # (and the fused path rounds g, u, a and y): its floor is wider
@@ -120,9 +115,8 @@ class Variant:
                         if mode == "main_grad" else None)
 
     def _forward(self) -> Tensor:
-        if self.impl in TRITON_IMPLS:
-            return expert_mlp(self.x, self.offsets, self.weights, self.w13, self.w2, self.buffers,
-                              overlap_weight_gradients=self.impl == "triton")
+        if self.impl == "triton":
+            return expert_mlp(self.x, self.offsets, self.weights, self.w13, self.w2, self.buffers)
         return peer_mlp(self.x, self.offsets, self.weights, self.w13, self.w2, self.bounds)
 
     def forward(self) -> tuple[Tensor, ...]:
@@ -131,7 +125,7 @@ class Variant:
     def forward_backward(self) -> tuple[Tensor, ...]:
         """y, dx, dweights, dw13, dw2 (the last two the buffers' contents in main_grad mode)."""
         y = self._forward()
-        fused_buffers = self.impl in TRITON_IMPLS and self.buffers is not None
+        fused_buffers = self.impl == "triton" and self.buffers is not None
         wrt = [self.x, self.weights] + ([] if fused_buffers else [self.w13, self.w2])
         grads = torch.autograd.grad(y, wrt, self.dy)
         if self.buffers is None:
@@ -196,13 +190,11 @@ def bench_shape(shape: dict[str, int], rounds: int, device: torch.device) -> dic
     bounds, peer_name = _peer_bounds(inputs)
     reference = fp32_reference(inputs)  # before the variants' fp32 buffers: its fp32 weights are freed by then
     variants = {f"{impl}/{mode}": Variant(impl, mode, inputs, bounds)
-                for impl in (*TRITON_IMPLS, "peer") for mode in GRAD_MODES}
+                for impl in ("triton", "peer") for mode in GRAD_MODES}
     floor = PARITY_FLOOR if device.type == "cuda" else INTERPRETER_PARITY_FLOOR
-    peer_errors = {mode: errors(variants[f"peer/{mode}"].forward_backward(), reference) for mode in GRAD_MODES}
     result: dict[str, Any] = {"shape": shape, "peer": peer_name, "parity": {
-        (mode if impl == "triton" else f"{impl}/{mode}"):
-            parity(errors(variants[f"{impl}/{mode}"].forward_backward(), reference), peer_errors[mode], floor)
-        for impl in TRITON_IMPLS for mode in GRAD_MODES}}
+        mode: parity(errors(variants[f"triton/{mode}"].forward_backward(), reference),
+                     errors(variants[f"peer/{mode}"].forward_backward(), reference), floor) for mode in GRAD_MODES}}
     del reference
     if not all(check["ok"] for check in result["parity"].values()):
         result["status"] = "parity failed: not timed"
@@ -224,8 +216,6 @@ def bench_shape(shape: dict[str, int], rounds: int, device: torch.device) -> dic
         mode: {phase: times[f"peer/{mode}"][f"{phase}_ms"] / times[f"triton/{mode}"][f"{phase}_ms"]
                for phase in ("fwd", "fwd_bwd")}
         for mode in GRAD_MODES}
-    result["overlap_over_serial_bwd"] = {
-        mode: times[f"triton-serial/{mode}"]["bwd_ms"] / times[f"triton/{mode}"]["bwd_ms"] for mode in GRAD_MODES}
     result["status"] = "ok"
     return result
 

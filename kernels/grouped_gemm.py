@@ -55,8 +55,7 @@ where atol 2e-2 leaves a 4x margin.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -461,25 +460,13 @@ def _resolved(kernel: str, x: Tensor, w2: Tensor) -> Config:
     return config
 
 
-_WEIGHT_GRADIENT_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def _weight_gradient_stream(device: torch.device) -> torch.cuda.Stream:
-    """A second stream per GPU, created once: the backward runs its weight-gradient GEMMs there."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _WEIGHT_GRADIENT_STREAMS:
-        _WEIGHT_GRADIENT_STREAMS[index] = torch.cuda.Stream(device=index)
-    return _WEIGHT_GRADIENT_STREAMS[index]
-
-
 class _ExpertMLP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, offsets, weights, w13, w2, grad_w13, grad_w2, overlap):
+    def forward(ctx, x, offsets, weights, w13, w2, grad_w13, grad_w2):
         a, gu = _up_fwd(x, offsets, w13, _resolved("expert_up_fwd", x, w2))
         y = _down_fwd(a, offsets, weights, w2, _resolved("expert_down_fwd", x, w2))
         ctx.save_for_backward(x, offsets, weights, w13, w2, a, gu)
         ctx.grad_buffers = grad_w13, grad_w2
-        ctx.overlap = overlap and x.is_cuda
         return y
 
     @staticmethod
@@ -487,36 +474,14 @@ class _ExpertMLP(torch.autograd.Function):
         x, offsets, weights, w13, w2, a, gu = ctx.saved_tensors
         grad_w13, grad_w2 = ctx.grad_buffers
         dy = dy.contiguous()
-        # With buffers, gradients are added to them in place and autograd gets none. Every tensor the
-        # side stream touches is allocated here, on the main stream, and outlives the join below.
-        dw2 = torch.empty_like(w2) if grad_w2 is None else grad_w2
-        dw13 = torch.empty_like(w13) if grad_w13 is None else grad_w13
-        main = torch.cuda.current_stream(dy.device) if ctx.overlap else None
-        side = _weight_gradient_stream(dy.device) if ctx.overlap else None
-        # dW2 needs only the forward's tensors and dy: it runs beside the dgu GEMM, and dW13 (which
-        # needs dgu) beside the dx GEMM. The weight-gradient launches read a short K (an expert's
-        # tokens) and spend much of their time in their epilogue, which the dX GEMMs' tiles fill.
-        with _on(side, after=main):
-            _down_bwd_dw(dy, a, offsets, weights, grad_w2, _resolved("expert_down_bwd_dw", x, w2), out=dw2)
         dgu, dweights = _down_bwd_dx(dy, offsets, weights, gu, w2, _resolved("expert_down_bwd_dx", x, w2))
-        with _on(side, after=main):
-            _up_bwd_dw(dgu, x, offsets, grad_w13, _resolved("expert_up_bwd_dw", x, w2), out=dw13)
         dx = _up_bwd_dx(dgu, offsets, w13, _resolved("expert_up_bwd_dx", x, w2))
-        if main is not None:
-            main.wait_stream(side)
-        return (dx, None, dweights, dw13 if grad_w13 is None else None, dw2 if grad_w2 is None else None,
-                None, None, None)
-
-
-@contextmanager
-def _on(stream: torch.cuda.Stream | None, after: torch.cuda.Stream | None) -> Iterator[None]:
-    """Run a block on ``stream`` once it has caught up with ``after``; with no stream, where we are."""
-    if stream is None:
-        yield
-        return
-    stream.wait_stream(after)
-    with torch.cuda.stream(stream):
-        yield
+        # With buffers, gradients are added to them in place and autograd gets none.
+        dw2 = _down_bwd_dw(dy, a, offsets, weights, grad_w2, _resolved("expert_down_bwd_dw", x, w2),
+                           out=torch.empty_like(w2) if grad_w2 is None else grad_w2)
+        dw13 = _up_bwd_dw(dgu, x, offsets, grad_w13, _resolved("expert_up_bwd_dw", x, w2),
+                          out=torch.empty_like(w13) if grad_w13 is None else grad_w13)
+        return dx, None, dweights, dw13 if grad_w13 is None else None, dw2 if grad_w2 is None else None, None, None
 
 
 def expert_mlp(
@@ -526,7 +491,6 @@ def expert_mlp(
     w13: Tensor,
     w2: Tensor,
     grad_buffers: tuple[Tensor, Tensor] | None = None,
-    overlap_weight_gradients: bool = True,
 ) -> Tensor:
     """``y [T, D]`` bf16: each token's routed expert MLP (clamped SwiGLU) times its routing weight.
 
@@ -538,10 +502,7 @@ def expert_mlp(
     device, any strides (copied). Differentiable in x, weights, w13 and w2. With
     ``grad_buffers = (dW13, dW2)`` (contiguous fp32 or bf16, shaped like the weights) the
     weight gradients are added to those buffers in place (as to Megatron's ``main_grad``) and
-    w13/w2 get no ``.grad``. Launch parameters come from ``kernels.tuning.resolve``. On a GPU the
-    backward runs the two weight-gradient GEMMs on a second stream beside the two dX GEMMs
-    (``overlap_weight_gradients=False``: all four in order on the current stream) and joins it before
-    returning, so the gradients and buffers are ready on the current stream, as without it.
+    w13/w2 get no ``.grad``. Launch parameters come from ``kernels.tuning.resolve``.
     """
     n_experts, two_ffn, hidden = w13.shape
     n_rows = x_sorted.shape[0]
@@ -569,7 +530,7 @@ def expert_mlp(
             raise ValueError(f"a gradient buffer must be a contiguous fp32/bf16 {list(weight.shape)}, "
                              f"got {list(buffer.shape)} {buffer.dtype}")
     return _ExpertMLP.apply(x_sorted.contiguous(), expert_offsets.int().contiguous(), weights.float().contiguous(),
-                            w13.contiguous(), w2.contiguous(), grad_w13, grad_w2, overlap_weight_gradients)
+                            w13.contiguous(), w2.contiguous(), grad_w13, grad_w2)
 
 
 def _check_offsets(offsets: Tensor, n_rows: int) -> None:

@@ -61,6 +61,21 @@ def test_idle_processes_take_configs_and_answer_each_once():
     assert not compilers.busy() and compilers.submit("rmsnorm_fwd", SHAPE, CONFIG) is None
 
 
+def test_the_processes_yield_the_cores_to_the_benchmarking_child():
+    """A lower priority than the pool's, and torch kept to one thread: the environment it was started with."""
+    from workers.compile_server import NICENESS
+
+    compilers = LocalCompilers.start(1, INTERPRET)
+    try:
+        _until_ready(compilers, 1)
+        [pid] = compilers.pids
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(os.getpriority(os.PRIO_PROCESS, 0) + NICENESS, 19)
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            assert b"OMP_NUM_THREADS=1" in environ.read().split(b"\0")
+    finally:
+        compilers.close()
+
+
 def test_a_process_that_dies_mid_compile_answers_crash_and_a_killed_one_is_gone():
     """Also: a line on stdout that is no answer (a library talking) is passed over."""
     ready_then_die = ("import json, sys; print(json.dumps({'ready_at': 1.0}), flush=True); "

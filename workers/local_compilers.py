@@ -57,12 +57,17 @@ class LocalCompilers:
         argv = [sys.executable, "-m", "workers.compile_server", str(os.getpid())]
         if problem is not None:
             argv.append(json.dumps({"kernel": problem["kernel"], "shape": problem["shape"]}))
+        env = {**env, "OMP_NUM_THREADS": "1"}  # one thread each (``workers.compile_server``: why)
         return cls([subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL) for _ in range(count)])
 
     @property
     def count(self) -> int:
         return len(self._processes)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.popen.pid for p in self._processes]
 
     @property
     def ready_times(self) -> list[float]:
