@@ -588,7 +588,7 @@ def indexer_tpe_specs() -> list[tuple[str, dict]]:
 
 
 # The selection's interpolating threshold search (SELECT_INTERP 1: about 6 counting passes a row
-# against 15-19, bench/indexer_select_passes.py) beside the bisection, over the selection's rows and
+# against 15-19, docs/findings.md) beside the bisection, over the selection's rows and
 # warps, each shape's scoring held at its committed sm_90 entry (the 2026-12-02d TPE winners).
 INDEXER_INTERP_SELECT_SPACE = {"SELECT_ROWS": [1, 2, 4], "SELECT_WARPS": [1, 2, 4, 8], "SELECT_INTERP": [0, 1]}
 INDEXER_SCORING_PARAMS = ("BLOCK_S", "BLOCK_H", "BLOCK_T", "KEY_TILES", "LATE_HEAD_SUM", "num_warps", "num_stages",
@@ -722,7 +722,7 @@ INDEXER_GLUON_RING_SPACE = INDEXER_GLUON_SPACE | {"BLOCK_T": [128], "num_warps":
 # warpgroup, the cost 2026-12-02e named when every head in one (query, head) row block lost by
 # 1.5x. The block's q is loaded once a program. Beside each sequence-4,096 entry (where the
 # indexer misses 2x its floor), its selection held. Offline on sm_90, 2 queries x 64 keys take 121
-# registers (4 programs an SM), 4 queries 239 (bench/offline_sm90_indexer_key_rows.sh).
+# registers (4 programs an SM), 4 queries 239 (python -m bench offline_compile --arch sm_90).
 INDEXER_KEY_ROWS_SPACE = {"KEY_ROWS": [1], "BLOCK_S": [1, 2, 4], "BLOCK_H": [64], "BLOCK_T": [64, 128],
                           "KEY_TILES": [0, 4], "LATE_HEAD_SUM": [0], "TMA": [0], "num_warps": [4, 8],
                           "num_stages": [2, 3], "maxnreg": [None], "HEAD_SPLITS": [1], "GLUON": [0]}

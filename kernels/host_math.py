@@ -2,8 +2,8 @@
 
 Triton's ``triton.cdiv`` and ``triton.next_power_of_2`` are constexpr functions (usable inside
 kernels), and on the host each call unwraps its arguments: 2-3 µs a call against 0.2-0.3 for these
-(``bench/host_arith_cost.py``, on a CPU). The indexer's launch made seven cdiv calls, 45.7 µs of
-its call under cProfile on the H200's host (``bench/launch_host_profile.py``, 2026-12-03f).
+(on a CPU). The indexer's launch made seven cdiv calls, 45.7 µs of
+its call under cProfile on the H200's host (docs/findings.md, Launches and host time).
 """
 
 from __future__ import annotations

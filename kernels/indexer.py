@@ -53,7 +53,7 @@ Two launches (one with ``SELECT_IN_SCORING``), tuned together as ``indexer_fwd``
   most 32 counting passes; a row stops once exactly k keys lie at or above its threshold,
   so the passes depend on how close its scores are), or with ``SELECT_INTERP`` by
   interpolating the counts between the ends of a bracket (about 6 passes a row on V4-scale
-  and on the bench's integer scores, against 15-19: ``bench/indexer_select_passes.py``;
+  and on the bench's integer scores, against 15-19: docs/findings.md, Indexer;
   each pass after the fourth also takes the nearest keys to the candidate, two more
   reductions); the entries above it and, of those equal to it, the lowest indices fill the k slots,
   compacted by prefix sums. So ties go to the lower index, and the output lists each
@@ -624,7 +624,7 @@ def _make_inputs(shape: Shape, device: torch.device, seed: int) -> Inputs:
     the sweep's element-wise check can demand the reference's indices exactly, tie rule
     included (integer scores tie often). The scoring's time does not depend on the values; the
     selection's passes do, and these rows take about as many as Gaussian ones
-    (``bench/indexer_select_passes.py``).
+    (docs/findings.md, Indexer).
     """
     gen = torch.Generator().manual_seed(seed)
     batch, seq = shape["batch"], shape["seq"]

@@ -423,7 +423,7 @@ def _split_fn(fn: torch.Tensor, compile_only: bool, arrivals: torch.Tensor | Non
     """``[2, 24, 4D]`` bf16: fn's bf16 rounding, then the bf16 rounding of the remainder (``_dot_split``'s
     split, done once a call rather than in every program: 1.5 MB of fp32 at D 4096, against the
     forward's 134 MB of h at 4,096 tokens). One launch: as five torch ops it took 9 us of device
-    time, a sixth of the whole forward at 4,096 tokens (``bench/glue_launches.py``). It also zeroes
+    time, a sixth of the whole forward at 4,096 tokens (docs/findings.md, mHC). It also zeroes
     the int32 ``arrivals`` counters of a FUSED_GATES forward, which runs after it on the stream."""
     out = torch.empty((2, *fn.shape), dtype=torch.bfloat16, device=fn.device)
     n_arrivals = 0 if arrivals is None else arrivals.numel()  # none: ``out`` stands in, nothing is stored

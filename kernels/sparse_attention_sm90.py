@@ -44,7 +44,7 @@ NUM_WARPS = 8
 # second dot (see the kernel); 4 as 2 from two separately allocated ring slots, two tiles an
 # iteration, which spares two of its six CTA barriers a tile (_attend_from_slot). Partial sums and
 # the overlap together crash Triton 3.6's ptxas (offline sm_90, error code -11; CUDA 13.0's compiles
-# them: bench/gluon_partial_sums_overlap_ptxas.py); 5 as 2 in a persistent program an SM that
+# them); 5 as 2 in a persistent program an SM that
 # copies each work item's Q and first tile in while the previous item finishes; 6 as 4 with its
 # start overlapped (Q and the first tile copied asynchronously while the picks are counted).
 MODES = (1, 2, 3, 4, 5, 6)

@@ -230,7 +230,7 @@ def test_defaults_fit_the_space_on_sm_90(name):
 
 def test_a_register_cap_holds_the_backward_to_it_on_sm_90():
     """32 window values a thread compile to about 200 registers without spills on sm_90, and spill
-    under a 128-register cap (bench/results/2026-12-01-cpu-offline-resources/spaces)."""
+    under a 128-register cap (``python -m bench offline_compile``)."""
     space = load_space("compressor_bwd")
     shape = next(s for s in registry.get("compressor_bwd").presets["v4-flash"] if s["ratio"] == 128)
     config = {"BLOCK_G": 2, "BLOCK_D": 16, "SLABS": 32, "DAPE_ATOMIC": 0, "DAPE_LAST": 0, "CHANNELS_FIRST": 0,

@@ -1,6 +1,6 @@
 """Host arithmetic (``kernels.host_math``): the same values as Triton's constexpr functions, and the
-kernels' host code calls these, not Triton's (2-3 µs a call on the host against 0.2-0.3,
-``bench/host_arith_cost.py``; the indexer's launch made ten)."""
+kernels' host code calls these, not Triton's (2-3 µs a call on the host against 0.2-0.3;
+the indexer's launch made ten)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@
     H200 runs measured this transient: 4.5-6.1 GiB of the peak outside weights and saved
     activations on every rank that recomputes against 1.6-2.6 GiB on the 1F1B ranks that do
     not, where a proxy layer re-materialises 2.9-3.5 GiB
-    (``bench/2026-11-30-h200-plan-validate.md``);
+    (docs/findings.md, Training proxy and planner);
   - a fixed p2p buffer and a fixed reserve (CUDA context, NCCL, workspaces).
 """
 

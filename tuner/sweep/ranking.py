@@ -4,7 +4,7 @@ The sweeps time a config's device work (``workers.timing``). An eager training s
 launches back to back, and the host prepares each call while the GPU runs earlier ones, so a
 call costs the longer of its device time and its host time (argument checks, allocations, TMA
 descriptors, Triton's dispatch). On the H200 a table entry chosen by device time alone ran 1.4-1.8x
-slower in eager calls, host-bound (bench/2026-12-02f, 2026-12-03e). Hence two ranks:
+slower in eager calls, host-bound (docs/findings.md, Launches and host time). Hence two ranks:
 
 * ``device`` (the default): device time alone, what steps replayed as CUDA graphs pay;
 * ``eager``: ``max(device, host)``, what back-to-back eager calls run at, eager times within
