@@ -19,6 +19,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -41,6 +42,14 @@ def spawn(socket_path: str, env: dict[str, str], problem: dict[str, Any] | None 
                                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
 
 
+def _open_device(torch: Any, opened: list[float]) -> None:
+    """Create the CUDA context where there is a GPU, and note when it was done in ``opened``."""
+    if torch.cuda.is_available():
+        with contextlib.suppress(RuntimeError):  # a device that fails here fails the worker's describe, by name
+            torch.empty(1, device="cuda")
+    opened.append(time.perf_counter())
+
+
 def serve(path: str, parent: int, problem: dict[str, Any] | None = None) -> None:
     """Listen at ``path``, import and open the device (and prepare ``problem``: the sweep's first, built in
     the seconds before its worker comes), then serve the first worker that connects."""
@@ -52,13 +61,15 @@ def serve(path: str, parent: int, problem: dict[str, Any] | None = None) -> None
     from workers import bench_child  # the seconds this process exists to spend early
 
     imported = time.perf_counter()
-    if bench_child.torch.cuda.is_available():
-        with contextlib.suppress(RuntimeError):  # a device that fails here fails the worker's describe, by name
-            bench_child.torch.empty(1, device="cuda")  # the device context: the rest of a child's start
-    opened = time.perf_counter()
+    opened = [imported]
+    # The device context (the rest of a child's start) opens in a thread while the problem's inputs are drawn
+    # on the CPU here: both release the GIL, and the inputs' move to the device waits for the context.
+    opening = threading.Thread(target=_open_device, args=(bench_child.torch, opened), daemon=True)
+    opening.start()
     prepared = bench_child.prepare(problem) if problem else None
+    opening.join()
     ready_at = time.time()  # told to the adopter: the pool reports how long its workers waited on this
-    phases = {"import": imported - began, "device": opened - imported}  # the preparation's are in ``prepared``
+    phases = {"import": imported - began, "device": opened[-1] - imported}  # the preparation's are in ``prepared``
 
     listener.settimeout(ACCEPT_TIMEOUT_S)
     try:
