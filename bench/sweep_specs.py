@@ -794,6 +794,23 @@ def warp_specialized_gemm_specs() -> list[tuple[str, dict]]:
                                                   lambda shape: f"{shape['tokens']}-{shape['experts']}")]
 
 
+# The weight gradients' tile read before the reduction (PREFETCH_GRAD), at the expert-parallel shapes
+# the expert MLP benchmark times: 128 x 128 tiles as their table entries, by pointers or TMA, beside
+# each shape's committed entry. Offline on sm_90 the prefetched tile takes 198 registers at the
+# committed 128 x 128 x 128 tiling, against 170, without spills.
+WGRAD_PREFETCH_SPACE = {"BLOCK_M": [128], "BLOCK_N": [128], "BLOCK_K": [64, 128], "GROUP_M": [8], "TMA": [0, 1],
+                        "PREFETCH_GRAD": [1], "num_warps": [8], "num_stages": [2, 3], "maxnreg": [None, 232]}
+
+
+def wgrad_prefetch_specs() -> list[tuple[str, dict]]:
+    """``WGRAD_PREFETCH_SPACE`` beside the committed entry of both weight-gradient GEMMs at the shapes
+    ``bench/expert_mlp.py`` times (export with ``--merge --fastest`` those launches)."""
+    return [spec for kernel in ("expert_up_bwd_dw", "expert_down_bwd_dw")
+            for spec in grid_with_committed_specs(kernel, "prefetch", WGRAD_PREFETCH_SPACE,
+                                                  [s for s in shapes_of(kernel) if _expert_parallel_benched(s)],
+                                                  lambda shape: f"{shape['tokens']}-{shape['experts']}")]
+
+
 def untuned_gemm_specs() -> list[tuple[str, dict]]:
     """TPE sweeps of the expert GEMMs at the Flash and Pro shapes the committed sm_90 table holds no
     entry for, the weight gradients first, and each kernel's expert-parallel shapes (the ones
@@ -857,6 +874,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
     "gemm-untuned": untuned_gemm_specs,
     "gemm-warp-specialized": warp_specialized_gemm_specs,
+    "wgrad-prefetch": wgrad_prefetch_specs,
     "memory": lambda: per_preset_specs(MEMORY_BOUND),
     "moe-combine": lambda: per_preset_specs(("moe_combine_fwd",)),
     "adamw": lambda: per_preset_specs(("adamw_step",)),  # the optimizer's update, a rank's parameters

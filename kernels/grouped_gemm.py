@@ -213,8 +213,13 @@ def _grouped_wgrad_kernel(
     a_ptr, b_ptr, offsets_ptr, scale_ptr, grad_in_ptr, grad_out_ptr, M, N,
     HAS_SCALE: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+    PREFETCH_GRAD: tl.constexpr,
 ):
     """``grad_out[e] = (grad_in[e] +) sum over e's tokens t of A[t, :]^T (scale_t B[t, :])``, one tile.
+
+    PREFETCH_GRAD (with ACCUMULATE): the gradient tile is loaded before the reduction, not after it, so
+    that its read overlaps the MMAs. An expert's few hundred tokens make a short reduction, and the tile's
+    fp32 read and write (8 bytes an element, for 2 x tokens FLOPs) are a large part of its time.
 
     TMA: the A and B token tiles come through descriptors the program builds over its expert's rows
     alone (``[end - start, M]`` and ``[end - start, N]``), so TMA zero-fills the rows past the expert's
@@ -238,6 +243,10 @@ def _grouped_wgrad_kernel(
         past_empty = (end == start).to(tl.int32)  # row 1 of a one-row view: zeros
         a_desc = tl.make_tensor_descriptor(a_ptr + first * M, [held, M], [M, 1], [BLOCK_K, BLOCK_M])
         b_desc = tl.make_tensor_descriptor(b_ptr + first * N, [held, N], [N, 1], [BLOCK_K, BLOCK_N])
+    offsets = expert.to(tl.int64) * M * N + ms[:, None] * N + ns[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    if ACCUMULATE and PREFETCH_GRAD:
+        grad_in = tl.load(grad_in_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # At least one step, all masked for an expert without tokens: with a loop that may run no step,
     # the accumulator's zeros reach the final wgmma wait on a path past the loop, and Triton 3.6's
@@ -256,10 +265,11 @@ def _grouped_wgrad_kernel(
             scale = tl.load(scale_ptr + ts, mask=t_mask, other=0.0)
             b = (b.to(tl.float32) * scale[:, None]).to(b_ptr.dtype.element_ty)
         acc = _mma(a, b, acc, UPCAST)
-    offsets = expert.to(tl.int64) * M * N + ms[:, None] * N + ns[None, :]
-    mask = m_mask[:, None] & n_mask[None, :]
     if ACCUMULATE:
-        acc += tl.load(grad_in_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        if PREFETCH_GRAD:
+            acc += grad_in
+        else:
+            acc += tl.load(grad_in_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     tl.store(grad_out_ptr + offsets, acc.to(grad_out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -398,7 +408,8 @@ def _wgrad(
         _grouped_wgrad_kernel,
         (n_experts * cdiv(m, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"]),),
         (a, b, offsets, a if scale is None else scale, out if grad is None else grad, out, m, n),
-        {"HAS_SCALE": scale is not None, "ACCUMULATE": grad is not None, **_tile_constexprs(config), "TMA": tma},
+        {"HAS_SCALE": scale is not None, "ACCUMULATE": grad is not None, **_tile_constexprs(config), "TMA": tma,
+         "PREFETCH_GRAD": bool(config.get("PREFETCH_GRAD", 0))},
         config,
         compile_only,
     )
@@ -705,7 +716,7 @@ def _default_wgrad_config(shape: Shape) -> Config:
     """128 x 128 gradient tiles; token steps of 64, shorter for experts of fewer tokens."""
     t, e, _, _ = _dims(shape)
     return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": min(64, max(16, next_pow2(cdiv(t, e)))),
-            "GROUP_M": 8, "TMA": 0, "num_warps": 8, "num_stages": 3}
+            "GROUP_M": 8, "TMA": 0, "PREFETCH_GRAD": 0, "num_warps": 8, "num_stages": 3}
 
 
 _SHAPE_FIELDS = ("tokens", "experts", "hidden", "ffn", "skew")

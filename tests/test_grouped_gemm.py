@@ -202,6 +202,13 @@ def test_tuned_configs_match_reference(name, config):
     assert_config_matches_reference(registry.get(name), _for_launch(name, config), seed=3)
 
 
+@pytest.mark.parametrize("config", [CONFIGS[1], CONFIGS[4]], ids=["pointers", "tma"])
+@pytest.mark.parametrize("name", ["expert_down_bwd_dw", "expert_up_bwd_dw"])
+def test_a_prefetched_gradient_tile_adds_as_after_the_reduction(name, config):
+    """PREFETCH_GRAD reads the fp32 gradient tile before the reduction: the same sums, at ragged tiles."""
+    assert_config_matches_reference(registry.get(name), _for_launch(name, {**config, "PREFETCH_GRAD": 1}), seed=5)
+
+
 @pytest.mark.parametrize("name", ["expert_down_bwd_dw", "expert_up_bwd_dw"])
 def test_weight_gradient_runs_leave_their_inputs_alone(name):
     # The sweep runs a config many times on the same inputs: the gradient buffer must stay as drawn.
@@ -300,6 +307,7 @@ print("tma loads:", compiled.asm["ptx"].count("cp.async.bulk.tensor"))
 
 
 _COMPILE_WGRAD_FOR_SM_90 = """
+import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -308,22 +316,33 @@ from kernels.grouped_gemm import _grouped_wgrad_kernel as kernel
 signature = {"a_ptr": "*bf16", "b_ptr": "*bf16", "offsets_ptr": "*i32", "scale_ptr": "*fp32", "grad_in_ptr": "*fp32",
              "grad_out_ptr": "*fp32", "M": "i32", "N": "i32"}
 constexprs = {"HAS_SCALE": True, "ACCUMULATE": True, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8,
-              "UPCAST": False, "TMA": True}
+              "UPCAST": False, "TMA": True, "PREFETCH_GRAD": sys.argv[1] == "prefetch"}
 source = ASTSource(fn=kernel, signature={**signature, **{c: "constexpr" for c in constexprs}},
                    constexprs={(kernel.arg_names.index(c),): v for c, v in constexprs.items()})
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
-print("tma loads:", compiled.asm["ptx"].count("cp.async.bulk.tensor"))
+ptx = compiled.asm["ptx"]
+loop = ptx.index("wgmma.mma_async")  # the reduction's first MMA
+print("tma loads:", ptx.count("cp.async.bulk.tensor"), "fp32 loads before the MMAs:", ptx[:loop].count("ld.global"))
 """
 
 
-def test_weight_gradient_tma_path_compiles_for_sm_90():
+@pytest.mark.parametrize("prefetch", ["prefetch", "after"])
+def test_weight_gradient_tma_path_compiles_for_sm_90(prefetch):
     """The weight-gradient kernel's descriptors are built on the device, per expert: compile that path for
-    Hopper with the wheel's own compiler and ptxas (a child process without TRITON_INTERPRET)."""
+    Hopper with the wheel's own compiler and ptxas (a child process without TRITON_INTERPRET). With
+    PREFETCH_GRAD the gradient tile's loads come before the reduction's MMAs, as the compiler leaves them."""
+    import re
+
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_WGRAD_FOR_SM_90], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", _COMPILE_WGRAD_FOR_SM_90, prefetch], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr[-3000:]
-    assert int(done.stdout.split("tma loads:")[1]) > 0  # the token tiles come through TMA
+    figures = {name.strip(): int(value) for name, value in re.findall(r"([A-Za-z0-9 ]+): (\d+)", done.stdout)}
+    assert figures["tma loads"] > 0  # the token tiles come through TMA
+    # a 128 x 128 fp32 tile over 256 threads: 64 values a thread, in loads of up to four; without the
+    # prefetch only the expert's bounds are read before the MMAs
+    tile_loads = figures["fp32 loads before the MMAs"] >= 128 * 128 // 256 // 4
+    assert tile_loads == (prefetch == "prefetch")
 
 
 @pytest.mark.parametrize(("kmajor", "epilogue"), [("kmajor", "swiglu"), ("nmajor", "swiglu_bwd")],

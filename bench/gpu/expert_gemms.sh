@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU run for issue 36's expert GEMMs: sweep what the shipped sm_90 table lacks (group gemm-untuned: the
-# weight-gradient GEMMs first; bench/gpu/sweep_group.sh, SWEEP_SECONDS, 0 leaves it out), then time the whole
+# weight-gradient GEMMs first; or SWEEP_GROUP, e.g. wgrad-prefetch with FASTEST="expert_up_bwd_dw
+# expert_down_bwd_dw"; bench/gpu/sweep_group.sh, SWEEP_SECONDS, 0 leaves it out), then time the whole
 # expert MLP, forward and forward + backward, against torch._grouped_mm + eager SwiGLU (python -m bench
 # expert_mlp): once with the shipped table, once with the swept table laid over it as the user table, so the
 # sweep's gain on the MLP is measured in one run. Writes under $OUT:
@@ -22,7 +23,7 @@ if [[ "${1:-}" == "--smoke" ]]; then
 fi
 status=0
 if [[ "${SWEEP_SECONDS:-200}" != 0 ]]; then
-  OUT="$out/sweep" SWEEP_SECONDS="${SWEEP_SECONDS:-200}" bash bench/gpu/sweep_group.sh gemm-untuned
+  OUT="$out/sweep" SWEEP_SECONDS="${SWEEP_SECONDS:-200}" bash bench/gpu/sweep_group.sh "${SWEEP_GROUP:-gemm-untuned}"
 fi
 
 mlp() {  # mlp NAME: python -m bench expert_mlp into expert_mlp.NAME.json, with its targets echoed

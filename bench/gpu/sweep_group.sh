@@ -8,6 +8,9 @@
 #   serve.log, export.log, status.log
 # SWEEP_TRIALS=N: TPE trials a shape of the model groups (proxy-8l, v4-flash-ep8, v4-pro-ep8, proxy-8l-gemms;
 # default 12).
+# FASTEST="KERNEL ...": the export takes, for these kernels, the fastest winner of any of the group's sweeps
+# (groups that sweep a grid beside each shape's committed entry: gemm-warp-specialized, wgrad-prefetch);
+# otherwise the newest sweep's.
 # Usage (GPU host, bundle carried): source .gpubundle/install.sh && bash bench/gpu/sweep_group.sh [GROUP]
 set -uo pipefail
 group=${1:-gemm-untuned}
@@ -22,7 +25,9 @@ timeout --signal=INT "${SWEEP_SECONDS:-420}" python3 -m tuner.cli --db "$db" ser
 echo "serve: exit $? (124: stopped at the deadline)"; tail -5 "$out/serve.log"
 python3 -m tuner.cli --db "$db" sweep list > "$out/status.log" 2>&1; cat "$out/status.log"
 cp kernels/tables/sm_90.json "$out/tables/sm_90.json"
-python3 -m tuner.cli --db "$db" export --arch sm_90 --out "$out/tables" > "$out/export.log" 2>&1
+fastest=()
+for kernel in ${FASTEST:-}; do fastest+=(--fastest "$kernel"); done
+python3 -m tuner.cli --db "$db" export --arch sm_90 --out "$out/tables" "${fastest[@]}" > "$out/export.log" 2>&1
 echo "export: exit $?"; tail -20 "$out/export.log"
 cp "$out/tables/sm_90.json" "$out/sm_90.json"
 rm -rf "$out/tables" "$out/specs"
