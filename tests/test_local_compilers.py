@@ -108,6 +108,19 @@ def test_a_first_problem_that_fails_to_compile_leaves_the_process_serving():
         compilers.close()
 
 
+def test_kill_all_signals_every_process_at_once_and_close_reaps_them():
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE) for _ in range(3)]
+    compilers = LocalCompilers(sleepers)
+    compilers.kill_all()
+    deadline = time.monotonic() + 30
+    while any(p.poll() is None for p in sleepers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(p.returncode == -9 for p in sleepers)  # ended by the signal, before close() was called
+    compilers.close()
+    assert not compilers.busy() and compilers.submit("k", SHAPE, CONFIG) is None
+
+
 def test_half_the_cores_at_most_eight():
     assert [local_compiler_count(cpus) for cpus in (1, 2, 16, 64)] == [1, 1, 8, 8]
 

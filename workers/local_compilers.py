@@ -144,11 +144,18 @@ class LocalCompilers:
                         self.answered += 1
         return answers
 
-    def close(self) -> None:
-        """End every process, mid-compile or not, and reap those that ended by themselves."""
+    def kill_all(self) -> None:
+        """Signal every process still running to end, mid-compile or not, without waiting: each one's GPU
+        context is torn down as it dies, so they end side by side (and beside whatever the caller does
+        next) rather than one after the other."""
         for process in self._processes:
             if process.popen.poll() is None:
                 process.popen.kill()
+
+    def close(self) -> None:
+        """End every process (``kill_all``) and reap them all, those that ended by themselves too."""
+        self.kill_all()
+        for process in self._processes:
             process.popen.wait()
             if process.state != "gone":
                 self._gone(process)

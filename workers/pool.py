@@ -167,9 +167,10 @@ class PrewarmedChildren:
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def _end(self, paths: list[str]) -> None:
-        for path in paths:
-            child = self.children.pop(path)
+        children = [self.children.pop(path) for path in paths]
+        for child in children:  # all signalled first: their GPU contexts are torn down side by side
             child.kill()
+        for child in children:
             child.wait()
 
 
@@ -336,6 +337,8 @@ class WorkerPool:
     def shutdown(self) -> None:
         import ray
 
+        if self.local_compilers is not None:
+            self.local_compilers.kill_all()  # they end while Ray shuts down; reaped below
         for actor in self.workers:
             ray.kill(actor)
         if self.own_ray:
