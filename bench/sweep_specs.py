@@ -157,7 +157,7 @@ def glue_4096_specs() -> list[tuple[str, dict]]:
 
 
 # The split forward with its gates in the last split program of each token block (FUSED_GATES 1: two
-# launches, not three; the gates launch was 2.9-3.3 us of 44-73 at 4,096 tokens, 2026-12-01), beside
+# launches, not three; the gates launch was 2.9-3.3 us of 44-73 at 4,096 tokens), beside
 # the three-launch form over the same split tilings, at both 4,096-token shapes.
 GLUE_FUSED_GATES_SPACE = GLUE_4096_SPACE | {"SPLIT_K": [4, 8], "FUSED_GATES": [0, 1]}
 
@@ -167,7 +167,7 @@ def glue_fused_gates_specs() -> list[tuple[str, dict]]:
 
 
 # 128-token blocks beside 64 (every program reads its split's chunk of fn, as many bytes as of h at
-# 64 tokens, half at 128; the projection kernel ran at 83% of L2 throughput, 2026-12-02), and the
+# 64 tokens, half at 128; the projection kernel ran at 83% of L2 throughput), and the
 # gates launch over 16-token blocks or the projection's (64-token blocks are 64 programs at 4,096
 # tokens), at both 4,096-token shapes; the committed tiling is in the grid.
 GLUE_WIDE_BLOCKS_SPACE = GLUE_4096_SPACE | {"BLOCK_N": [64, 128], "BLOCK_K": [32, 64], "GATES_BLOCK_N": [0, 16],
@@ -197,7 +197,7 @@ def attention_bwd_transposed_specs(seq: int = 4096, space: dict = ATTENTION_BWD_
 ATTENTION_BWD_8192_SPACE = ATTENTION_BWD_TRANSPOSED_SPACE | {"num_stages": [2]}
 
 
-# The backward with dS and P through memory (UNCHAINED, 2026-12-03) beside the chained form, in the
+# The backward with dS and P through memory (UNCHAINED) beside the chained form, in the
 # one tiling whose first dots are warpgroup MMAs at 8 warps (64 heads x 16 entries, transposed; two
 # stages), atomics and the split reduction, at all twelve shapes, beside each shape's committed entry.
 ATTENTION_BWD_UNCHAINED_SPACE = {"BLOCK_H": [64], "TILE_K": [16], "DE_TRANSPOSED": [1], "num_warps": [8],
@@ -283,7 +283,7 @@ GLUE_BWD_SLABS_SPACE = GLUE_BWD_TRANSPOSED_WIDE_SPACE | {"BLOCK_K": [64], "SLABS
 GLUE_BWD_TMA_SPACE = GLUE_BWD_TRANSPOSED_WIDE_SPACE | {"BLOCK_K": [64, 128], "SLABS": [2, 8], "TMA": [0, 1]}
 
 # Host-encoded (TMA 1) against device-built (TMA 2) descriptors, beside pointers, in the committed
-# 64 x 64 transposed tilings, at every glue shape (2026-12-04b: device-built ones cost the host no
+# 64 x 64 transposed tilings, at every glue shape (device-built ones cost the host no
 # encoding, and may cost the 16,384-token entries 1-3% of device time; never compared in one run).
 GLUE_BWD_TMA_MODES_SPACE = GLUE_BWD_TMA_SPACE | {"BLOCK_K": [64], "num_warps": [4], "TMA": [0, 1, 2]}
 
@@ -358,7 +358,7 @@ def attention_fwd_grid_specs(name: str, seq: int, space: dict) -> list[tuple[str
                                                              space))]
 
 
-# That grid's result (2026-12-02, sequence 4,096): lazy rescaling lost at every shape, and the
+# That grid's result (sequence 4,096): lazy rescaling lost at every shape, and the
 # winners were 64-entry tiles (two stages at the window shapes, one at CSA) that the earlier TPE
 # sweeps had not tried there. The same tiles without it at sequence 8,192.
 ATTENTION_FWD_TILES_SPACE = ATTENTION_FWD_LAZY_SPACE | {"RESCALE_SLACK": [0]}
@@ -386,7 +386,7 @@ ATTENTION_FWD_TAIL_SPACES = {  # by compress ratio
 }
 
 
-# P through memory (UNCHAINED, 2026-12-03) beside the chained form, over the 64-head tilings that
+# P through memory (UNCHAINED) beside the chained form, over the 64-head tilings that
 # won the forward at every shape (32- or 64-entry tiles, a 32-entry tail or none, one or two
 # stages), at all twelve shapes.
 ATTENTION_FWD_UNCHAINED_SPACE = {"BLOCK_H": [64], "TILE_K": [32, 64], "TAIL_K": [0, 32], "num_warps": [8],
@@ -412,7 +412,7 @@ ATTENTION_FWD_PIPELINED_SPACE = ATTENTION_FWD_UNCHAINED_SPACE | {"num_stages": [
 ATTENTION_FWD_PLAIN_HANDOFF_SPACE = ATTENTION_FWD_PIPELINED_SPACE | {"PTX_BARRIER": [0, 2]}
 ATTENTION_BWD_PLAIN_HANDOFF_SPACE = ATTENTION_BWD_UNCHAINED_32_SPACE | {"TILE_K": [32], "PTX_BARRIER": [0, 1, 2]}
 
-# PTX_BARRIER 2 tied the chained forward (2026-12-03c). The Gluon form (GLUON 1, one tiling) beside
+# PTX_BARRIER 2 tied the chained forward. The Gluon form (GLUON 1, one tiling) beside
 # that grid's two-stage chained and plain-handoff configs, at all twelve shapes; then its three
 # modes (in turn, partial sums, overlapped) against each other.
 ATTENTION_FWD_GLUON_SPACE = ATTENTION_FWD_PLAIN_HANDOFF_SPACE | {"TILE_K": [64], "GLUON": [0, 1]}
@@ -457,8 +457,8 @@ BEFORE_DAPE_LAST = {"DAPE_LAST": [0]} | BEFORE_CHANNELS_FIRST
 BEFORE_SAVED_STATS = {"SAVED_STATS": [0], "BLOCK_P": [1]} | BEFORE_DAPE_LAST
 
 
-# The backward's HCA shape at sequence 8,192, which the compressor group's sweep did not reach
-# (2026-12-02c): its 104 valid configs as a grid.
+# The backward's HCA shape at sequence 8,192, which the compressor group's sweep did not reach:
+# its 104 valid configs as a grid.
 def compressor_bwd_hca_8192_specs() -> list[tuple[str, dict]]:
     shapes = [s for s in shapes_of("compressor_bwd", 8192, ("v4-flash",)) if s["ratio"] == 128]
     return [("compressor_bwd-hca-8192-grid", grid_spec("compressor_bwd", shapes, BEFORE_SAVED_STATS))]
@@ -466,7 +466,7 @@ def compressor_bwd_hca_8192_specs() -> list[tuple[str, dict]]:
 
 # The backward with fewer dape slabs (SLABS 4-16, new; 32 was the least, one entry a slab at the HCA
 # shapes, whose 8 MB of fp32 partials the closing torch sum reads back: 4.5 of its 14.5 us at
-# sequence 4,096, 2026-12-02e): the HCA shapes' whole grids, TPE at the ratio-4 shapes.
+# sequence 4,096): the HCA shapes' whole grids, TPE at the ratio-4 shapes.
 COMPRESSOR_BWD_SLABS_TRIALS = 80
 
 
@@ -480,13 +480,13 @@ def compressor_bwd_slabs_specs() -> list[tuple[str, dict]]:
 
 # The HCA backward from the forward's saved log-sum-exp and fp32 c (SAVED_STATS 1: one launch,
 # dape complete in each program; the committed entries take 13-17 us over two launches and 2-4 MB
-# of fp32 dape partials, 2026-12-03b), beside each shape's committed entry, at both HCA shapes.
+# of fp32 dape partials), beside each shape's committed entry, at both HCA shapes.
 COMPRESSOR_BWD_SAVED_STATS_SPACE = {"SAVED_STATS": [1], "BLOCK_G": [2, 4, 8], "BLOCK_P": [2, 4, 8],
                                     "BLOCK_D": [64, 128], "SLABS": [4], "DAPE_ATOMIC": [0], "num_warps": [4],
                                     "num_stages": [1, 2], "maxnreg": [None], **BEFORE_DAPE_LAST}
 
 
-# Its first H200 grid (2026-12-03e) was fastest at the most entries a loop step (8, against 4 and
+# Its first H200 grid was fastest at the most entries a loop step (8, against 4 and
 # 2), the fewest positions (2) and the narrower channel block (64): more entries a step, down to
 # one step for all 32 entries at 4,096, fewer positions and channels.
 COMPRESSOR_BWD_SAVED_STATS_WIDE_SPACE = COMPRESSOR_BWD_SAVED_STATS_SPACE | {
@@ -532,7 +532,7 @@ def compressor_bwd_relaxed_specs() -> list[tuple[str, dict]]:
 
 # The ratio-4 backward's dape published by the last program of each channel block from zero-at-rest
 # scratch (DAPE_LAST 1: no fill launch before the kernel, 0.7 of the 6.5 us of kernel time and a
-# graph node at CSA d 128, sequence 4,096, 2026-12-03f), beside each ratio-4 shape's committed
+# graph node at CSA d 128, sequence 4,096), beside each ratio-4 shape's committed
 # entry, over the same neighbourhood as the relaxed-atomics grid.
 COMPRESSOR_BWD_DAPE_LAST_SPACE = COMPRESSOR_BWD_RELAXED_SPACE | {"DAPE_LAST": [0, 1]}
 
@@ -554,7 +554,7 @@ def compressor_bwd_channels_first_specs() -> list[tuple[str, dict]]:
 
 
 # The indexer's own compressor backward (CSA, d 128), the compressor's one miss (2.03-2.17x a
-# same-size copy, 2026-12-04): TPE over its whole space, CHANNELS_FIRST and DAPE_LAST included,
+# same-size copy): TPE over its whole space, CHANNELS_FIRST and DAPE_LAST included,
 # beyond the 1-warp neighbourhoods gridded so far.
 COMPRESSOR_BWD_CSA_128_TRIALS = 150
 
@@ -568,7 +568,7 @@ def compressor_bwd_csa_128_tpe_specs() -> list[tuple[str, dict]]:
 
 # The CSA d 128 backward with 8 channels a program (half a 32-byte sector; new), for more programs:
 # Nsight Compute found its 2,048 one-warp programs at 16 channels latency-bound, 11% achieved
-# occupancy (2026-12-04); 8 channels double them, and launched channel blocks first, a row's two
+# occupancy; 8 channels double them, and launched channel blocks first, a row's two
 # halves of a sector are read by programs that run together.
 COMPRESSOR_BWD_NARROW_SPACE = COMPRESSOR_BWD_CHANNELS_FIRST_SPACE | {"BLOCK_D": [8, 16], "SLABS": [128, 256, 512]}
 
@@ -589,7 +589,7 @@ def indexer_tpe_specs() -> list[tuple[str, dict]]:
 
 # The selection's interpolating threshold search (SELECT_INTERP 1: about 6 counting passes a row
 # against 15-19, docs/findings.md) beside the bisection, over the selection's rows and
-# warps, each shape's scoring held at its committed sm_90 entry (the 2026-12-02d TPE winners).
+# warps, each shape's scoring held at its committed sm_90 entry (its TPE winners).
 INDEXER_INTERP_SELECT_SPACE = {"SELECT_ROWS": [1, 2, 4], "SELECT_WARPS": [1, 2, 4, 8], "SELECT_INTERP": [0, 1]}
 INDEXER_SCORING_PARAMS = ("BLOCK_S", "BLOCK_H", "BLOCK_T", "KEY_TILES", "LATE_HEAD_SUM", "num_warps", "num_stages",
                           "maxnreg")
@@ -712,14 +712,14 @@ INDEXER_GLUON_SPACE = {"GLUON": [1], "BLOCK_S": [64], "BLOCK_H": [1], "BLOCK_T":
                        "num_stages": [3, 4], "maxnreg": [None]} | INDEXER_ROW_FORM
 
 
-# Its first H200 grid with unserialized MMAs (2026-12-03e) was fastest at its deepest q ring (4
+# Its first H200 grid with unserialized MMAs was fastest at its deepest q ring (4
 # slots, 10-16% faster than 3) and one warpgroup: 4 and 5 slots (2 programs an SM at 112 KiB).
 INDEXER_GLUON_RING_SPACE = INDEXER_GLUON_SPACE | {"BLOCK_T": [128], "num_warps": [4], "num_stages": [4, 5]}
 
 
 # The scoring's dot turned around (KEY_ROWS 1): keys down its rows, every head of 1-4 queries across
 # its columns, so a query's 64 heads are summed inside a warp instead of across the four warps of a
-# warpgroup, the cost 2026-12-02e named when every head in one (query, head) row block lost by
+# warpgroup, the cost named when every head in one (query, head) row block lost by
 # 1.5x. The block's q is loaded once a program. Beside each sequence-4,096 entry (where the
 # indexer misses 2x its floor), its selection held. Offline on sm_90, 2 queries x 64 keys take 121
 # registers (4 programs an SM), 4 queries 239 (python -m bench offline_compile --arch sm_90).
@@ -740,7 +740,7 @@ def router_argmax_specs() -> list[tuple[str, dict]]:
 
 # Each scoring program picking its own rows' top-k (SELECT_IN_SCORING 1: no selection launch, its
 # passes beside other programs' dots; at sequence 4,096 the selection was 19% of the indexer's
-# device time, 2026-12-04b) on KEY_ROWS tilings of 2-8 queries x 64 keys, by pointers or TMA,
+# device time) on KEY_ROWS tilings of 2-8 queries x 64 keys, by pointers or TMA,
 # beside the same tilings with the selection launched apart (held at the shape's committed
 # entry), at every indexer shape.
 INDEXER_KEY_ROWS_TILINGS = {"KEY_ROWS": [1], "BLOCK_S": [2, 4, 8], "BLOCK_H": [64], "BLOCK_T": [64], "KEY_TILES": [0],
@@ -761,8 +761,8 @@ def indexer_key_rows_specs(label: str, tilings: dict) -> list[tuple[str, dict]]:
 
 
 # The same with the q and key descriptors built by each program (TMA 2) beside host-encoded ones
-# (TMA 1, whose encoding the host paid in call 2's bench of 2026-12-04c: 0.170 ms a call against
-# 0.094 of device time; 37-46 us a call, measured in call 4) and pointers, over the tilings that won.
+# (TMA 1, whose encoding the host paid in an H200 bench: 0.170 ms a call against
+# 0.094 of device time; 37-46 us a call, measured apart) and pointers, over the tilings that won.
 INDEXER_KEY_ROWS_TMA_TILINGS = INDEXER_KEY_ROWS_TILINGS | {"BLOCK_S": [2, 4], "TMA": [0, 1, 2]}
 
 
@@ -776,8 +776,8 @@ INDEXER_FUSED_KNOBS = INDEXER_KEY_ROWS_TILINGS | INDEXER_SELECT_IN_SCORING | {
 
 
 # Hopper warp specialization of the row-tile expert GEMMs (TMA loads in a producer warp, the MMAs in
-# one consumer warpgroup: 4 warps, where Triton 3.6 specializes the loop; offline sm_90 compiles,
-# 2026-12-04e), beside each balanced-load shape's committed entry. The spaces' register bounds keep
+# one consumer warpgroup: 4 warps, where Triton 3.6 specializes the loop; offline sm_90 compiles),
+# beside each balanced-load shape's committed entry. The spaces' register bounds keep
 # the tiles a 4-warp program can hold.
 WARP_SPECIALIZED_SPACE = {"BLOCK_M": [64, 128], "BLOCK_N": [64, 128, 256], "BLOCK_K": [64], "GROUP_M": [8],
                           "TMA": [1], "WARP_SPECIALIZE": [1], "num_warps": [4], "num_stages": [2, 3, 4],
@@ -895,7 +895,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "glue-bwd-transposed-wide": lambda: glue_bwd_grid_specs("transposed-wide", GLUE_BWD_TRANSPOSED_WIDE_SPACE),
     "glue-bwd-slabs": lambda: glue_bwd_grid_specs("slabs", GLUE_BWD_SLABS_SPACE),
     "glue-bwd-tma": lambda: glue_bwd_grid_specs("tma", GLUE_BWD_TMA_SPACE),
-    # At 4,096 tokens an eager call is host-bound and TMA adds host time (2026-12-02f write-up):
+    # At 4,096 tokens an eager call is host-bound and TMA adds host time (docs/findings.md, Launches and host time):
     # the same grid at the 16,384-token shapes only.
     "glue-bwd-tma-16384": lambda: glue_bwd_grid_specs("tma-16384", GLUE_BWD_TMA_SPACE, min_tokens=16384),
     "glue-bwd-tma-modes": lambda: glue_bwd_grid_specs("tma-modes", GLUE_BWD_TMA_MODES_SPACE),

@@ -189,7 +189,7 @@ def _compressor_bwd_kernel(
             tl.store(arrivals_ptr + channel_block, 0)
     elif DAPE_ATOMIC:
         # relaxed: the sums need no ordering against other memory; the default acq_rel fenced
-        # every add (membar stalls under Nsight Compute, 2026-12-02e)
+        # every add (membar stalls under Nsight Compute)
         tl.atomic_add(dape_ptr + ape_offsets, dape, mask=ape_mask, sem="relaxed")
     else:
         tl.store(dape_ptr + slab * (RATIO * COFF * dim) + ape_offsets, dape, mask=ape_mask)

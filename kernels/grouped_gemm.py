@@ -30,7 +30,7 @@ Launches (each a registered tunable kernel):
   that the sweep's repeated runs all start from the same buffer). ``w * a`` is rounded
   to bf16 before the MMA: the routing weight scales the MMA's B operand, which Triton stages
   in shared memory anyway, since an A operand scaled in registers made Triton wait after each
-  of the loop's MMAs (4 waits a step at the default tile, offline sm_90 compile, 2026-12-04d).
+  of the loop's MMAs (4 waits a step at the default tile, offline sm_90 compile).
 
 Scheduling of the token-row launches: one launch covers every expert. A tile table built on
 the device from ``expert_offsets`` by a launch of its own (``_tile_table_kernel``: per-expert tile

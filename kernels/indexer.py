@@ -30,19 +30,19 @@ Two launches (one with ``SELECT_IN_SCORING``), tuned together as ``indexer_fwd``
   inside a warp (within each thread, then across lanes) instead of across the warps that hold the
   (query, head) rows; the tile is stored transposed. With ``BLOCK_H`` covering every head, the
   block's q rows are loaded once per program instead of once per key tile (with (query, head)
-  rows, 1.5x slower on the H200, 2026-12-02e, the head sum crossing warps at every key tile).
+  rows, 1.5x slower on the H200, the head sum crossing warps at every key tile).
   ``TMA`` loads the q and key tiles through TMA descriptors: one instruction a tile instead of
   per-element addresses (the sm_90 head loop compiles to 214 instructions instead of 255 at 64
-  queries x 256 keys on 8 warps, Triton 3.6; on the H200, 2026-12-02, 14-15% faster at each
+  queries x 256 keys on 8 warps, Triton 3.6; on the H200, 14-15% faster at each
   shape's best one-head tiling): ``TMA`` 1 encodes them on the host (37-46 us a call at
-  S = 4,096 on the H200, 2026-12-04c), ``TMA`` 2 has each program build them (4-9% more device
+  S = 4,096 on the H200), ``TMA`` 2 has each program build them (4-9% more device
   time there).
   ``HEAD_SPLITS`` > 1 spreads the heads over that many programs (a third grid axis), each storing
   its heads' share into its own fp32 buffer, which the selection sums in split order (so the
   result does not depend on which program ran first): at S = 4,096 a grid of 64-query blocks of
   one 128-entry key tile is about 290 programs for the 264 that two 4-warp programs an SM hold
-  at once, so a second wave runs nearly empty; halved programs fill it (measured on the H200,
-  2026-12-03e: no gain, the best split config 1.00-1.16x the best unsplit one). The causal mask is
+  at once, so a second wave runs nearly empty; halved programs fill it (measured on the H200:
+  no gain, the best split config 1.00-1.16x the best unsplit one). The causal mask is
   computed inline from the indices; only visible scores are stored, into fp32 ``[HEAD_SPLITS, B,
   S, S // r]`` buffers (the rest is never written or read). ``GLUON`` 1 runs the scoring as the
   sm_90 Gluon kernel of ``kernels.indexer_sm90`` instead (asynchronous warpgroup MMAs, each

@@ -2,7 +2,7 @@
 
 Triton's scoring (``kernels.indexer``) issues each head's dot and waits for it before the ReLU,
 the w weighting and the head sum. So a warp's tensor-core work and its epilogue take turns (on
-the H200 the tensor pipe was busy 47-54% of the scoring's time, ncu 2026-12-02e). Here the dots
+the H200 the tensor pipe was busy 47-54% of the scoring's time, ncu). Here the dots
 are asynchronous warpgroup MMAs. Head h + 1's dot runs while head h's result is ReLU'd, weighted
 and added (four heads a loop iteration, of which the last waits for its dot alone). The q tiles
 of the next heads are copied into a shared-memory ring by ``cp.async`` while both run.
@@ -14,7 +14,7 @@ half of the entries against the same q tile, which halves the q bytes a FLOP. Th
 dimension is 128 (the V4 indexer's). Gluon has no interpreter mode, so this form runs on sm_90
 GPUs only; its parity tests run there.
 
-Measured on the H200 (2026-12-03e): within 4% of Triton's scoring at every indexer shape, at the
+Measured on the H200: within 4% of Triton's scoring at every indexer shape, at the
 same device time (90 us at S = 4,096, 257 us at 8,192), so the epilogue is not what bounds either.
 Both re-read every head's q tile for each key tile (about 4.6 TB/s of L2 traffic at 8,192,
 derived from the tiling, not measured).

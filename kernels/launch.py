@@ -6,7 +6,7 @@ backend, and the sweep stores unset knobs as None, so only the running backend's
 knobs are passed on.
 
 Launching through Triton's ``JITFunction.run`` costs the host 13-29 us a launch on the H200's
-host (2026-12-03f): it binds and specializes every argument, builds a string cache key and the
+host: it binds and specializes every argument, builds a string cache key and the
 launch metadata, then calls the compiled launcher. Most of the kernels' launches move a few MB,
 a few microseconds of device time, so an eager step calling them back to back waits on the host.
 ``launch`` therefore keeps each compiled kernel under a key of its own: the kernel, the device,
@@ -23,7 +23,7 @@ Some compiler knobs are not launch options but environment variables that Triton
 reads (AMD's block ping-pong schedule and async copies to LDS). ``launch`` sets them around a
 compile and keys compiled kernels by them. Triton 3.6's own in-memory cache of a kernel's compiled
 forms does not key by them (its on-disk cache does): within one process it would hand a sweep the
-first config's binary for every later one (offline gfx950 compiles, 2026-12-04e). So when they
+first config's binary for every later one (offline gfx950 compiles). So when they
 change between two compiles of a kernel, its in-memory cache is dropped first.
 """
 

@@ -23,7 +23,7 @@ SPLIT_K 8, D 4096) that a second launch adds in a fixed order before the gates, 
 tokens a program (0: ``BLOCK_N``; 64-token blocks are 64 programs for 132 SMs at 4,096 tokens); with
 ``FUSED_GATES`` the last of a token block's split programs to finish does that instead (an
 arrival counter a block, zeroed by the fn split's launch), one launch fewer, but 4% slower on
-the H200 at 4,096 tokens than the launch it saves (2026-12-04). The matmul keeps fp32 accuracy on
+the H200 at 4,096 tokens than the launch it saves. The matmul keeps fp32 accuracy on
 bf16 tensor cores (``_dot_split``): fp32 operands are split into bf16 high and low parts
 (fn once a call, before the launch, so that no program converts it), and bf16 h is exact as
 it is. The fp32 projection m and rstd are saved for the backward
@@ -305,8 +305,8 @@ def _glue_bwd_kernel(
     logit rows, which sm_90 runs as wgmma (M >= 64). With TMA, the h, d_proj and dh tiles move by the
     tensor-memory accelerator, past the tokens zero-filled on load and clipped on store, where
     pointers cost per-element addresses and masks in the L1 path (the kernel's limit under Nsight
-    Compute, 2026-12-02): TMA 1 takes descriptors encoded on the host (``_glue_bwd_operands``; 38 us
-    a call at 4,096 tokens on the H200, 2026-12-04b), TMA 2 the tensors, and each program builds
+    Compute): TMA 1 takes descriptors encoded on the host (``_glue_bwd_operands``; 38 us
+    a call at 4,096 tokens on the H200), TMA 2 the tensors, and each program builds
     the descriptors on the device. d_proj's ``[2, tokens, 32]`` descriptor reads one part at a time,
     so the high part's rows past the tokens are zeros, not the low part's. COLLAPSE (``mhc_enter``):
     dh also takes the collapse's gradient ``pre_j du`` from fp32 ``pre [tokens, 4]`` and
@@ -1011,8 +1011,8 @@ def _glue_default(shape: Shape, backward: bool) -> Config:
     if not backward:
         blocks = cdiv(tokens, block_n)
         split = min(next_pow2(cdiv(_FILL_PROGRAMS, blocks)), max(1, 4 * shape["hidden"] // 512))
-        # FUSED_GATES 0: 4% slower than the gates launch at 4,096 tokens (H200 grid, 2026-12-04); the
-        # gates launch over 16-token blocks, 256 programs at 4,096 tokens (1.4-1.6% faster there, 2026-12-04b)
+        # FUSED_GATES 0: 4% slower than the gates launch at 4,096 tokens (H200 grid); the
+        # gates launch over 16-token blocks, 256 programs at 4,096 tokens (1.4-1.6% faster there)
         return {"BLOCK_N": block_n, "BLOCK_K": 64, "SPLIT_K": split, "FUSED_GATES": 0,
                 "GATES_BLOCK_N": 16 if split > 1 else 0, "num_warps": 4, "num_stages": 3}
     slabs = 16 if cdiv(tokens, block_n) >= 16 else 8

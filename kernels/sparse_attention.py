@@ -452,7 +452,7 @@ def _ptx_barrier(config: Config) -> int:
     ``tl.debug_barrier`` whatever the knob): 0 ``tl.debug_barrier``; 1 inline PTX, the hand-off
     read ``volatile``; 2 inline PTX, plain reads. Volatile reads compile to scalar system-scope
     loads (LDG.E.STRONG.SYS), with which the forward ran 1.17-1.34x slower than without the
-    barrier on the H200 (2026-12-03b); the address dependency on the wait already keeps plain
+    barrier on the H200; the address dependency on the wait already keeps plain
     reads after it."""
     mode = config.get("PTX_BARRIER") or 0
     if mode not in (0, _PTX_VOLATILE.value, _PTX_PLAIN.value):

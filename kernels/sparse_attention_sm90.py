@@ -295,7 +295,7 @@ def _sparse_attn_fwd_sm90_kernel(
     else:
         # _attend_from_slot's steps written out for the ring, with a fenced wait and each slice
         # taken where it is used (taken up front, as arguments, they compile to a different
-        # schedule from the one the 2026-12-03c sweeps measured).
+        # schedule from the one its sweeps measured).
         for i in range(n_tiles):
             # Tile i has landed (this thread's copies; the barrier makes every thread's visible),
             # and every warp is past tile i - 1's second dot, so its ring slot and P tile are free.
@@ -373,7 +373,7 @@ def _sparse_attn_fwd_sm90_persistent_kernel(
     """GLUON 5: mode 2 (in turn, partial sums, two-slot ring) in one program per SM that loops
     over the (query, head block, batch) items. With one 200 KiB program an SM, each program of the
     other modes pays its Q load, entry count, first gather and output store with nothing to hide
-    them (about 6 us a program on the H200 where a 64-entry tile takes about 2.3, 2026-12-03c).
+    them (about 6 us a program on the H200 where a 64-entry tile takes about 2.3).
     Here an item's Q and first tile are copied in during the previous item's last tile, once its
     first dot has read Q, and its output is staged through the freed ring slot. The last tile is
     written out of the tile loop so that the next item's coordinates are not live in it."""

@@ -3,8 +3,8 @@ launch is using them, for kernels whose programs add into one sum and whose last
 arrive publishes it and zeroes the scratch again.
 
 Why: such a sum otherwise needs a buffer zeroed before every launch, a fill launch of its own
-(the compressor backward's dape: 0.7 us of kernel time, and a graph node, for 4-16 KB,
-2026-12-03f). Zeroed once at allocation, and re-zeroed by the launch that used it, the scratch
+(the compressor backward's dape: 0.7 us of kernel time, and a graph node, for 4-16 KB).
+Zeroed once at allocation, and re-zeroed by the launch that used it, the scratch
 needs none.
 
 Each device keeps ``SLOTS`` of them, allocated together on the first request and never freed

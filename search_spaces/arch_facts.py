@@ -8,7 +8,7 @@ the interpreter cannot run Gluon); ``warp_specialize``: whether Triton warp-spec
 TMA loads asked to (``tl.range(..., warp_specialize=True)``; checked by offline compiles, the
 interpreter runs the loop as written); ``ignored_knob_values``: knob values the arch's compiler
 overrides, which the spaces therefore leave out there (Triton 3.6 compiles ``kpack`` 2 as 1 for gfx950,
-with a deprecation warning: offline compiles, 2026-12-04e).
+with a deprecation warning: offline compiles).
 """
 
 from __future__ import annotations

@@ -79,8 +79,7 @@ def host_ms(fn: Callable[[], object], calls: int = HOST_CALLS, rounds: int = HOS
     """The least over ``rounds`` of the host's milliseconds a call over ``calls`` back-to-back calls of
     ``fn`` that do not wait for the GPU (it is idle at the start of each round; without one, the
     calls' whole time). The least, not the median: during a sweep the compile workers share the
-    host's cores, and within one sweep the median of one launch path spread over 43-73 µs (H200,
-    2026-12-03f)."""
+    host's cores, and within one sweep the median of one launch path spread over 43-73 µs (H200)."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     samples = []
     for _ in range(rounds):

@@ -12,7 +12,7 @@ slower in eager calls, host-bound (docs/findings.md, Launches and host time). He
 
 Device time is the default because host times measured during a sweep are noisy: the compile
 workers share the host's cores, and one launch path's host time, the least of ten rounds, still
-spread over 41-88 µs across the configs of one sweep (H200, 2026-12-03f), wider than the 10% band
+spread over 41-88 µs across the configs of one sweep (H200), wider than the 10% band
 and than most differences between configs. The re-timed configs, and so every table entry, record
 their host time (under ``eager`` every screened trial does too: its rank needs it), and the export
 warns of host-bound entries, so a launch whose host cost depends on its config (host-built TMA
