@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--presets", default="v4-flash,v4-pro", help="model presets whose shapes to run")
     parser.add_argument("--gemm-tflops", type=float, default=750.0,
                         help="bf16 dense-GEMM rate of the device, the indexer's compute floor")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="time only the heuristic default and the table's config (the tuned-over-default "
+                             "figures, in about half the time; no peer, eager or same-size-copy column)")
 
 
 def _launches(spec: str) -> list[str]:
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
              for name in names for preset in presets for shape in registry.get(name).presets.get(preset, [])}
     rows = []
     for name, preset, shape in sorted(cells.values(), key=lambda c: c[2].get("seq", 0)):
-        rows.append({**bench_shape(name, shape, table, ceiling), "preset": preset})
+        rows.append({**bench_shape(name, shape, table, ceiling, with_peers=not args.no_peers), "preset": preset})
         torch.cuda.empty_cache()
     return summarize(rows, ceiling, table["entries"], args.gemm_tflops)
 
@@ -103,11 +106,39 @@ def _time_variants(variants: dict[str, Callable[[], Any]], graph: bool) -> tuple
             {v: statistics.median(s) for v, s in graph_samples.items() if s})
 
 
-def bench_shape(name: str, shape: dict[str, int], table: dict, ceiling_gbps: float) -> dict[str, Any]:
-    """One raw row: parity and timings of every variant of launch ``name`` at ``shape``."""
+def variant_calls(name: str, shape: dict[str, int], inputs: Any, default: dict, tuned: dict | None,
+                  with_peers: bool) -> tuple[dict[str, Callable[[], Any]], dict[str, Any]]:
+    """The calls timed at one cell, by variant: the heuristic default and the table's config; with
+    ``with_peers`` also the peers (``torch._grouped_mm`` forms for the expert GEMMs, else the eager
+    reference) and, for a memory-bound launch, a copy of its bytes. And the peers' errors."""
     import torch
 
     from bench.expert_gemm_peers import peers
+    from bench.sweep_specs import graph_timed
+
+    kernel = registry.get(name)
+    variants: dict[str, Callable[[], Any]] = {"default": lambda c=default: kernel.run(inputs, c)}
+    if tuned is not None:
+        variants["tuned"] = lambda c=tuned: kernel.run(inputs, c)
+    if not with_peers:
+        return variants, {}
+    peer_fns, peer_errors = peers(name, inputs)
+    variants.update(peer_fns or {"eager": lambda: kernel.reference(inputs)})
+    if graph_timed(name):
+        # One elementwise device copy of the launch's bytes: moving them at this size, ramp and tail
+        # included. Not copy_: in a CUDA graph that is a memcpy node, 1.5x slower than by events.
+        device = next(t.device for t in inputs.values() if isinstance(t, torch.Tensor))
+        src = torch.randn(max(1, kernel.bytes_moved(shape) // 8), device=device)
+        dst = torch.empty_like(src)
+        variants["same_size_copy"] = lambda: torch.mul(src, 1.0, out=dst)
+    return variants, peer_errors
+
+
+def bench_shape(name: str, shape: dict[str, int], table: dict, ceiling_gbps: float,
+                with_peers: bool = True) -> dict[str, Any]:
+    """One raw row: parity and timings of every variant of launch ``name`` at ``shape``."""
+    import torch
+
     from bench.sweep_specs import graph_timed
     from workers.bench_child import as_tuple, mismatch
 
@@ -117,19 +148,9 @@ def bench_shape(name: str, shape: dict[str, int], table: dict, ceiling_gbps: flo
     default = kernel.default_config(shape)
     inputs = kernel.make_inputs(shape, torch.device("cuda"), 7)
     reference = as_tuple(kernel.reference(inputs))
-    variants: dict[str, Callable[[], Any]] = {"default": lambda c=default: kernel.run(inputs, c)}
-    if tuned is not None:
-        variants["tuned"] = lambda c=tuned: kernel.run(inputs, c)
-    peer_fns, peer_errors = peers(name, inputs)
-    variants.update(peer_fns or {"eager": lambda: kernel.reference(inputs)})
+    variants, peer_errors = variant_calls(name, shape, inputs, default, tuned, with_peers)
     bytes_moved = kernel.bytes_moved(shape)
     memory_bound = graph_timed(name)
-    if memory_bound:
-        # One elementwise device copy of the launch's bytes: moving them at this size, ramp and tail
-        # included. Not copy_: in a CUDA graph that is a memcpy node, 1.5x slower than by events.
-        src = torch.randn(max(1, bytes_moved // 8), device="cuda")
-        dst = torch.empty_like(src)
-        variants["same_size_copy"] = lambda: torch.mul(src, 1.0, out=dst)
     parity = {v: mismatch(as_tuple(variants[v]()), reference, kernel.atol, kernel.rtol) or "ok"
               for v in ("default", "tuned") if v in variants}
     ms, graph_ms = _time_variants(variants, graph=memory_bound)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.kernels_vs_peers import GEMM_TARGET_SHAPE, _launches, summarize
+from bench.kernels_vs_peers import GEMM_TARGET_SHAPE, _launches, summarize, variant_calls
 from kernels import registry
 
 
@@ -66,3 +66,23 @@ def test_unknown_launch_is_refused() -> None:
     with pytest.raises(ValueError, match="--kernels: unknown launch or group nope"):
         _launches("attention,nope")
     assert set(_launches("attention,gemm,memory")) <= set(registry.names())
+
+
+@pytest.mark.parametrize("with_peers", [True, False])
+def test_without_peers_only_the_default_and_the_table_config_are_timed(with_peers):
+    """``--no-peers``: the tuned-over-default figures alone (each call still runs, here in the interpreter)."""
+    import torch
+
+    from bench.sweep_specs import graph_timed
+
+    name = "mhc_expand_fwd"
+    kernel = registry.get(name)
+    shape = kernel.presets["small"][0]
+    inputs = kernel.make_inputs(shape, torch.device("cpu"), 7)
+    default = kernel.default_config(shape)
+    calls, _ = variant_calls(name, shape, inputs, default, dict(default), with_peers)
+    expected = {"default", "tuned"} | ({"eager"} | ({"same_size_copy"} if graph_timed(name) else set())
+                                       if with_peers else set())
+    assert set(calls) == expected
+    for call in calls.values():
+        call()
