@@ -57,23 +57,29 @@ def test_status_shows_the_best_configs_host_time_and_whether_it_is_host_bound():
     assert "host-bound" not in lines["n=3"]
 
 
-def test_progress_in_a_log_is_a_line_per_finished_trial():
+def test_progress_in_a_log_is_a_line_per_new_best_last_count_or_few_seconds():
     import io
     import re
 
     from rich.progress import Progress
 
     log = io.StringIO()
+    now = [0.0]
     with Progress(console=Console(file=log, force_terminal=False, width=200)) as progress:
-        update = display.progress_callback(progress, 3, "rmsnorm_fwd")
-        update("n=64", 0, 5, None)
-        update("n=64", 1, 5, 0.25)
-        update("n=64", 1, 5, 0.25)  # the same count again: no new line
-        update("n=64", 2, 5, 0.125)
-    lines = [line for line in log.getvalue().splitlines() if "sweep 3" in line and "/5" in line]
+        update = display.progress_callback(progress, 3, "rmsnorm_fwd", clock=lambda: now[0])
+        update("n=64", 0, 6, None)  # the first count
+        update("n=64", 1, 6, 0.25)  # a new best
+        update("n=64", 1, 6, 0.25)  # the same count again: no new line
+        update("n=64", 2, 6, 0.25)  # nothing new, a moment later: no line
+        now[0] = display.LOG_EVERY_S
+        update("n=64", 3, 6, 0.25)  # nothing new, but seconds since the last line
+        update("n=64", 4, 6, 0.125)  # a new best
+        update("n=64", 6, 6, 0.125)  # the last count
+    lines = [line for line in log.getvalue().splitlines() if "sweep 3" in line and "/6" in line]
     assert [re.sub(r"^\d\d:\d\d:\d\d ", "", line) for line in lines] == [
-        "sweep 3 rmsnorm_fwd n=64: 0/5, best -", "sweep 3 rmsnorm_fwd n=64: 1/5, best 0.2500 ms",
-        "sweep 3 rmsnorm_fwd n=64: 2/5, best 0.1250 ms"]
+        "sweep 3 rmsnorm_fwd n=64: 0/6, best -", "sweep 3 rmsnorm_fwd n=64: 1/6, best 0.2500 ms",
+        "sweep 3 rmsnorm_fwd n=64: 3/6, best 0.2500 ms", "sweep 3 rmsnorm_fwd n=64: 4/6, best 0.1250 ms",
+        "sweep 3 rmsnorm_fwd n=64: 6/6, best 0.1250 ms"]
     terminal = io.StringIO()
     with Progress(console=Console(file=terminal, force_terminal=True, width=200)) as progress:
         display.progress_callback(progress, 3, "rmsnorm_fwd")("n=64", 1, 5, 0.25)

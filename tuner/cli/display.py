@@ -6,8 +6,9 @@ imported by the functions that render their rows.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -30,20 +31,30 @@ def sweep_progress() -> Progress:
                     TextColumn("best {task.fields[best]}"), TimeElapsedColumn(), console=console)
 
 
-def progress_callback(progress: Progress, sweep_id: int, kernel: str) -> ProgressFn:
+LOG_EVERY_S = 5.0  # in a log, a shape's progress line at least this often while nothing else is news
+
+
+def progress_callback(progress: Progress, sweep_id: int, kernel: str,
+                      clock: Callable[[], float] = time.monotonic) -> ProgressFn:
     """A runner callback that keeps one bar per shape of the sweep. Where the console is not a terminal (a
-    server's log file), bars are drawn only when they stop, so each trial that finishes is also a line of its
-    own, timestamped: a log then shows how far a sweep got and when it last moved."""
+    server's log file), bars are drawn only when they stop, so the progress is also written as timestamped
+    lines: a shape's first count, each new best, its last count, and otherwise a line every
+    ``LOG_EVERY_S`` while it moves. A log then shows how far a sweep got and when it last moved, without a
+    line for each of its hundreds of trials."""
     tasks: dict[str, Any] = {}
-    printed: dict[str, int] = {}
+    printed: dict[str, tuple[int, str, float]] = {}  # shape -> (count, best, clock) of its last line
 
     def update(shape_key: str, done: int, total: int, best_ms: float | None) -> None:
         best = f"{best_ms:.4f} ms" if best_ms is not None else "-"
         if shape_key not in tasks:
             tasks[shape_key] = progress.add_task(f"sweep {sweep_id} {kernel} {shape_key}", total=total, best=best)
         progress.update(tasks[shape_key], completed=done, total=total, best=best)
-        if not progress.console.is_terminal and printed.get(shape_key) != done:
-            printed[shape_key] = done
+        if progress.console.is_terminal:
+            return
+        now, last = clock(), printed.get(shape_key)
+        news = (last is None or done == total or best != last[1] or now - last[2] >= LOG_EVERY_S)
+        if news and (last is None or done != last[0]):
+            printed[shape_key] = (done, best, now)
             progress.console.print(f"{datetime.now():%H:%M:%S} sweep {sweep_id} {kernel} {shape_key}: "
                                    f"{done}/{total}, best {best}", soft_wrap=True)
 
