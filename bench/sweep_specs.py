@@ -794,19 +794,26 @@ def warp_specialized_gemm_specs() -> list[tuple[str, dict]]:
                                                   lambda shape: f"{shape['tokens']}-{shape['experts']}")]
 
 
-# The weight gradients' tile read before the reduction (PREFETCH_GRAD), at the expert-parallel shapes
-# the expert MLP benchmark times: 128 x 128 tiles as their table entries, by pointers or TMA, beside
-# each shape's committed entry. Offline on sm_90 the prefetched tile takes 198 registers at the
-# committed 128 x 128 x 128 tiling, against 170, without spills.
+# The expert MLP's backward at the expert-parallel shapes ``bench/expert_mlp.py`` times, beside each
+# shape's committed entry: the weight gradients with their fp32 tile read before the reduction
+# (PREFETCH_GRAD; offline sm_90 with Triton 3.9 at the committed 128 x 128 x 128 tiling: 198 registers against 170, no
+# spills), by pointers or TMA; and the dgu launch with its SwiGLU backward over the tile's column
+# halves (EPILOGUE_HALVES), which fits 128 columns without spills (offline sm_90: 205 registers against
+# 255 and 1,288 bytes spilled) and 64 columns in 99 registers, two stages at two programs an SM.
 WGRAD_PREFETCH_SPACE = {"BLOCK_M": [128], "BLOCK_N": [128], "BLOCK_K": [64, 128], "GROUP_M": [8], "TMA": [0, 1],
                         "PREFETCH_GRAD": [1], "num_warps": [8], "num_stages": [2, 3], "maxnreg": [None, 232]}
+SWIGLU_BWD_HALVES_SPACE = {"BLOCK_M": [128], "BLOCK_N": [64, 128], "BLOCK_K": [64, 128], "GROUP_M": [8],
+                           "TMA": [1], "WARP_SPECIALIZE": [0], "EPILOGUE_HALVES": [1], "num_warps": [8],
+                           "num_stages": [2, 3, 4], "maxnreg": [None]}
+EXPERT_BACKWARD_SPACES = {"expert_up_bwd_dw": WGRAD_PREFETCH_SPACE, "expert_down_bwd_dw": WGRAD_PREFETCH_SPACE,
+                          "expert_down_bwd_dx": SWIGLU_BWD_HALVES_SPACE}
 
 
-def wgrad_prefetch_specs() -> list[tuple[str, dict]]:
-    """``WGRAD_PREFETCH_SPACE`` beside the committed entry of both weight-gradient GEMMs at the shapes
-    ``bench/expert_mlp.py`` times (export with ``--merge --fastest`` those launches)."""
-    return [spec for kernel in ("expert_up_bwd_dw", "expert_down_bwd_dw")
-            for spec in grid_with_committed_specs(kernel, "prefetch", WGRAD_PREFETCH_SPACE,
+def expert_backward_specs() -> list[tuple[str, dict]]:
+    """``EXPERT_BACKWARD_SPACES`` beside each launch's committed entry at the shapes ``bench/expert_mlp.py``
+    times (export with ``--merge --fastest`` those launches)."""
+    return [spec for kernel, space in EXPERT_BACKWARD_SPACES.items()
+            for spec in grid_with_committed_specs(kernel, "backward", space,
                                                   [s for s in shapes_of(kernel) if _expert_parallel_benched(s)],
                                                   lambda shape: f"{shape['tokens']}-{shape['experts']}")]
 
@@ -874,7 +881,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
     "gemm-untuned": untuned_gemm_specs,
     "gemm-warp-specialized": warp_specialized_gemm_specs,
-    "wgrad-prefetch": wgrad_prefetch_specs,
+    "expert-backward": expert_backward_specs,
     "memory": lambda: per_preset_specs(MEMORY_BOUND),
     "moe-combine": lambda: per_preset_specs(("moe_combine_fwd",)),
     "adamw": lambda: per_preset_specs(("adamw_step",)),  # the optimizer's update, a rank's parameters

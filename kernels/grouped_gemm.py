@@ -135,12 +135,32 @@ def _load_b(b_ref, expert, n0, k0, K, N, stride_be, stride_bk, stride_bn,
 
 
 @triton.jit
+def _swiglu_bwd_store(acc, weight, rows, row_mask, cols, N, gu_ptr, out_ptr):
+    """Store dgu = [dg, du] for ``acc`` = dy @ W2_e at ``cols`` of ``rows`` (da = weight * acc), and return
+    the rows' routing-weight gradient over these columns, ``sum(a * acc)``."""
+    mask = row_mask[:, None] & (cols < N)[None, :]
+    gu_offsets = rows[:, None] * (2 * N) + cols[None, :]  # gate columns of a [T, 2N] tensor; up ones at +N
+    g = tl.load(gu_ptr + gu_offsets, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + gu_offsets + N, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.sum(_swiglu(g, u) * acc, axis=1)
+    da = acc * weight[:, None]
+    gc = tl.minimum(g, _CLAMP)
+    sig = tl.sigmoid(gc)
+    du = tl.where((u >= -_CLAMP) & (u <= _CLAMP), da * gc * sig, 0.0)
+    uc = tl.minimum(tl.maximum(u, -_CLAMP), _CLAMP)
+    dg = tl.where(g <= _CLAMP, da * uc * sig * (1.0 + gc * (1.0 - sig)), 0.0)
+    tl.store(out_ptr + gu_offsets, dg.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + gu_offsets + N, du.to(out_ptr.dtype.element_ty), mask=mask)
+    return dw
+
+
+@triton.jit
 def _grouped_gemm_kernel(
     a_ref, b_ref, table_ptr, out_ptr, scale_ptr, gu_ptr, partial_ptr,
     tiles_m, N, K, stride_be, stride_bk, stride_bn,
     EPILOGUE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, TMA: tl.constexpr, B_KMAJOR: tl.constexpr, UPCAST: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, EPILOGUE_HALVES: tl.constexpr,
 ):
     """``acc = A[rows] @ B_e[:, cols]`` for one tile of one expert's rows, then EPILOGUE.
 
@@ -149,7 +169,9 @@ def _grouped_gemm_kernel(
     EPILOGUE: "swiglu" (also multiplies by the up half of B, columns N..2N; stores a and gu),
     "scale" (rows times scale), "swiglu_bwd" (stores dgu and dw partials), "plain".
     WARP_SPECIALIZE (with TMA): Triton's Hopper warp specialization of the K loop, TMA loads in a
-    producer warp and the MMAs in the consumer warpgroup.
+    producer warp and the MMAs in the consumer warpgroup. EPILOGUE_HALVES ("swiglu_bwd"): the epilogue
+    runs over the tile's two column halves in turn, holding g, u and their derivatives for half the
+    columns at a time (at 128 x 128 the whole tile's spill on sm_90).
     """
     tiles_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _swizzle(tl.program_id(0), tiles_m, tiles_n, GROUP_M)
@@ -192,18 +214,17 @@ def _grouped_gemm_kernel(
         scale = tl.load(scale_ptr + rows, mask=row_mask, other=0.0)
         tl.store(out_ptr + offsets, (acc * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
     elif EPILOGUE == "swiglu_bwd":
-        # acc = dy @ W2_e over this tile's ffn columns.
-        g = tl.load(gu_ptr + gu_offsets, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(gu_ptr + gu_offsets + N, mask=mask, other=0.0).to(tl.float32)
-        tl.store(partial_ptr + rows * tiles_n + pid_n, tl.sum(_swiglu(g, u) * acc, axis=1), mask=row_mask)
-        da = acc * tl.load(scale_ptr + rows, mask=row_mask, other=0.0)[:, None]
-        gc = tl.minimum(g, _CLAMP)
-        sig = tl.sigmoid(gc)
-        du = tl.where((u >= -_CLAMP) & (u <= _CLAMP), da * gc * sig, 0.0)
-        uc = tl.minimum(tl.maximum(u, -_CLAMP), _CLAMP)
-        dg = tl.where(g <= _CLAMP, da * uc * sig * (1.0 + gc * (1.0 - sig)), 0.0)
-        tl.store(out_ptr + gu_offsets, dg.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(out_ptr + gu_offsets + N, du.to(out_ptr.dtype.element_ty), mask=mask)
+        # acc = dy @ W2_e over this tile's ffn columns; weight = the rows' routing weights.
+        weight = tl.load(scale_ptr + rows, mask=row_mask, other=0.0)
+        if EPILOGUE_HALVES:
+            # the accumulator's two column halves, one after the other: half the epilogue's registers
+            lo, hi = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, BLOCK_N // 2]), [0, 2, 1]))
+            half = n0 + tl.arange(0, BLOCK_N // 2)
+            dw = _swiglu_bwd_store(lo, weight, rows, row_mask, half, N, gu_ptr, out_ptr)
+            dw += _swiglu_bwd_store(hi, weight, rows, row_mask, half + BLOCK_N // 2, N, gu_ptr, out_ptr)
+        else:
+            dw = _swiglu_bwd_store(acc, weight, rows, row_mask, cols, N, gu_ptr, out_ptr)
+        tl.store(partial_ptr + rows * tiles_n + pid_n, dw, mask=row_mask)
     else:
         tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -379,7 +400,8 @@ def _gemm(
         (a_ref, b_ref, table, out, out if scale is None else scale, out if gu is None else gu,
          out if partial is None else partial, tiles_m, n, k, *b.stride()),
         {"EPILOGUE": epilogue, **_tile_constexprs(config), **tma,
-         "WARP_SPECIALIZE": tma["TMA"] and bool(config.get("WARP_SPECIALIZE", 0))},
+         "WARP_SPECIALIZE": tma["TMA"] and bool(config.get("WARP_SPECIALIZE", 0)),
+         "EPILOGUE_HALVES": epilogue == "swiglu_bwd" and bool(config.get("EPILOGUE_HALVES", 0))},
         config,
         compile_only,
     )
@@ -708,8 +730,9 @@ def _default_gemm_config(shape: Shape, block_n: int = 128) -> Config:
 
 
 def _default_swiglu_bwd_config(shape: Shape) -> Config:
-    """Half-width column tiles: the SwiGLU-backward epilogue spills registers at 128 x 128."""
-    return _default_gemm_config(shape, block_n=64)
+    """Half-width column tiles: the SwiGLU-backward epilogue spills registers at 128 x 128 (unless it runs
+    over the tile's halves, ``EPILOGUE_HALVES``)."""
+    return {**_default_gemm_config(shape, block_n=64), "EPILOGUE_HALVES": 0}
 
 
 def _default_wgrad_config(shape: Shape) -> Config:

@@ -191,7 +191,10 @@ CONFIGS = [
 
 def _for_launch(name: str, config: dict) -> dict:
     """The weight-gradient launches' K is an expert's tokens, at most 8 at the small shapes: their
-    space allows K steps of 16 only there (still a ragged K)."""
+    space allows K steps of 16 only there (still a ragged K). The dgu launch's epilogue runs whole
+    unless a config asks for halves."""
+    if name == "expert_down_bwd_dx":
+        return {"EPILOGUE_HALVES": 0, **config}
     return {**config, "BLOCK_K": 16} if name.endswith("_dw") else config
 
 
@@ -200,6 +203,12 @@ def _for_launch(name: str, config: dict) -> dict:
 @pytest.mark.parametrize("name", LAUNCHES)
 def test_tuned_configs_match_reference(name, config):
     assert_config_matches_reference(registry.get(name), _for_launch(name, config), seed=3)
+
+
+@pytest.mark.parametrize("config", [CONFIGS[1], CONFIGS[4]], ids=["pointers", "tma"])
+def test_the_swiglu_backward_over_column_halves_matches_the_whole_tile(config):
+    """EPILOGUE_HALVES: the same dgu and routing-weight gradient, tile by half tile (ragged F = 24 and 48)."""
+    assert_config_matches_reference(registry.get("expert_down_bwd_dx"), {**config, "EPILOGUE_HALVES": 1}, seed=4)
 
 
 @pytest.mark.parametrize("config", [CONFIGS[1], CONFIGS[4]], ids=["pointers", "tma"])
@@ -298,7 +307,7 @@ signature = {"a_ref": "tensordesc<bf16[128,64]>", "b_ref": f"tensordesc<bf16{b_b
              "out_ptr": "*bf16", "scale_ptr": "*fp32", "gu_ptr": "*bf16", "partial_ptr": "*fp32", "tiles_m": "i32",
              "N": "i32", "K": "i32", "stride_be": "i32", "stride_bk": "i32", "stride_bn": "i32"}
 constexprs = {"EPILOGUE": epilogue, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "TMA": True,
-              "B_KMAJOR": kmajor, "UPCAST": False, "WARP_SPECIALIZE": False}
+              "B_KMAJOR": kmajor, "UPCAST": False, "WARP_SPECIALIZE": False, "EPILOGUE_HALVES": sys.argv[3] == "halves"}
 source = ASTSource(fn=kernel, signature={**signature, **{c: "constexpr" for c in constexprs}},
                    constexprs={(kernel.arg_names.index(c),): v for c, v in constexprs.items()})
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
@@ -345,15 +354,16 @@ def test_weight_gradient_tma_path_compiles_for_sm_90(prefetch):
     assert tile_loads == (prefetch == "prefetch")
 
 
-@pytest.mark.parametrize(("kmajor", "epilogue"), [("kmajor", "swiglu"), ("nmajor", "swiglu_bwd")],
-                         ids=["w13-up", "w2-down-dx"])
-def test_tma_path_compiles_for_sm_90(kmajor, epilogue):
+@pytest.mark.parametrize(("kmajor", "epilogue", "halves"),
+                         [("kmajor", "swiglu", "whole"), ("nmajor", "swiglu_bwd", "whole"),
+                          ("nmajor", "swiglu_bwd", "halves")], ids=["w13-up", "w2-down-dx", "w2-down-dx-halves"])
+def test_tma_path_compiles_for_sm_90(kmajor, epilogue, halves):
     """The interpreter runs code that Triton's compiler may reject (it once did: a constexpr branch that
     returned early); compile the TMA path for Hopper with the wheel's own compiler and ptxas, outside
     the interpreter (a child process without TRITON_INTERPRET)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM_90, kmajor, epilogue], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM_90, kmajor, epilogue, halves], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr[-3000:]
     loads = int(done.stdout.split("tma loads:")[1])
     assert loads > 0  # the tiles come through TMA

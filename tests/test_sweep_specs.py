@@ -135,16 +135,18 @@ def test_warp_specialized_group_sweeps_4_warp_tma_tiles_beside_what_each_shape_r
             assert {p: v for p, (v,) in spec.space.items()} == runs_now
 
 
-def test_wgrad_prefetch_group_sweeps_the_prefetched_tile_beside_each_benched_entry(tmp_path, monkeypatch):
-    """Both weight gradients at the two expert-parallel shapes the expert MLP benchmark times: a grid with
-    the gradient tile prefetched, and a one-point grid of what runs there now (which prefetches nothing)."""
-    run_main(monkeypatch, str(tmp_path), "wgrad-prefetch")
+def test_expert_backward_group_sweeps_the_new_knobs_beside_each_benched_entry(tmp_path, monkeypatch):
+    """Both weight gradients and the dgu launch at the two expert-parallel shapes the expert MLP benchmark
+    times: a grid with the gradient tile prefetched (or the epilogue over column halves), and a one-point
+    grid of what runs there now (which does neither)."""
+    run_main(monkeypatch, str(tmp_path), "expert-backward")
     specs = {p.stem: parse_spec(yaml.safe_load(p.read_text())) for p in tmp_path.glob("*.yaml")}
-    assert len(specs) == 8
+    assert len(specs) == 12
     for name, spec in specs.items():
         [shape] = spec.resolved_shapes()
         assert (shape["tokens"], shape["experts"], shape["skew"]) in {(24576, 32, 0), (24576, 48, 0)}
-        assert spec.space["PREFETCH_GRAD"] == ([1] if name.endswith("-grid") else [0])
+        knob = "EPILOGUE_HALVES" if spec.kernel == "expert_down_bwd_dx" else "PREFETCH_GRAD"
+        assert spec.space[knob] == ([1] if name.endswith("-grid") else [0])
 
 
 def test_model_groups_sweep_the_launches_the_table_misses_with_the_trials_asked(tmp_path, monkeypatch, request):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU run for issue 36's expert GEMMs: sweep what the shipped sm_90 table lacks (group gemm-untuned: the
-# weight-gradient GEMMs first; or SWEEP_GROUP, e.g. wgrad-prefetch with FASTEST="expert_up_bwd_dw
-# expert_down_bwd_dw"; bench/gpu/sweep_group.sh, SWEEP_SECONDS, 0 leaves it out), then time the whole
+# weight-gradient GEMMs first; or SWEEP_GROUP, e.g. expert-backward with FASTEST="expert_up_bwd_dw
+# expert_down_bwd_dw expert_down_bwd_dx"; bench/gpu/sweep_group.sh, SWEEP_SECONDS, 0 leaves it out), then time the whole
 # expert MLP, forward and forward + backward, against torch._grouped_mm + eager SwiGLU (python -m bench
 # expert_mlp): once with the shipped table, once with the swept table laid over it as the user table, so the
 # sweep's gain on the MLP is measured in one run. Writes under $OUT:
