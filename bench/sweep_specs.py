@@ -805,7 +805,9 @@ WGRAD_PREFETCH_SPACE = {"BLOCK_M": [128], "BLOCK_N": [128], "BLOCK_K": [64, 128]
 SWIGLU_BWD_HALVES_SPACE = {"BLOCK_M": [128], "BLOCK_N": [64, 128], "BLOCK_K": [64, 128], "GROUP_M": [8],
                            "TMA": [1], "WARP_SPECIALIZE": [0], "EPILOGUE_HALVES": [1], "num_warps": [8],
                            "num_stages": [2, 3, 4], "maxnreg": [None]}
-EXPERT_BACKWARD_SPACES = {"expert_up_bwd_dw": WGRAD_PREFETCH_SPACE, "expert_down_bwd_dw": WGRAD_PREFETCH_SPACE,
+EXPERT_BACKWARD_SPACES = {"expert_up_bwd_dw": WGRAD_PREFETCH_SPACE,
+                          # and w * a formed before the kernel, which then runs unscaled (PRESCALE)
+                          "expert_down_bwd_dw": WGRAD_PREFETCH_SPACE | {"PRESCALE": [0, 1]},
                           "expert_down_bwd_dx": SWIGLU_BWD_HALVES_SPACE}
 
 

@@ -475,7 +475,14 @@ def _up_bwd_dx(dgu: Tensor, offsets: Tensor, w13: Tensor, config: Config, compil
 
 def _down_bwd_dw(dy: Tensor, a: Tensor, offsets: Tensor, weights: Tensor, grad: Tensor | None, config: Config,
                  compile_only: bool = False, out: Tensor | None = None) -> Tensor:
-    """``grad + dy^T @ (weights a)`` per expert, into ``out`` (a new tensor by default; may be ``grad``)."""
+    """``grad + dy^T @ (weights a)`` per expert, into ``out`` (a new tensor by default; may be ``grad``).
+
+    ``PRESCALE``: ``weights a`` is formed first, rounded to bf16 as the kernel rounds it, by one elementwise
+    op, and the kernel runs unscaled: its B tiles then go from TMA or the loads to the MMAs without a pass
+    through registers. Otherwise the kernel scales each B tile itself."""
+    if config.get("PRESCALE"):
+        scaled = a if compile_only else (a.float() * weights[:, None]).to(a.dtype)
+        return _wgrad(dy, scaled, offsets, None, grad, out, config, compile_only)
     return _wgrad(dy, a, offsets, weights, grad, out, config, compile_only)
 
 
@@ -742,6 +749,11 @@ def _default_wgrad_config(shape: Shape) -> Config:
             "GROUP_M": 8, "TMA": 0, "PREFETCH_GRAD": 0, "num_warps": 8, "num_stages": 3}
 
 
+def _default_down_wgrad_config(shape: Shape) -> Config:
+    """As the up GEMM's, the routing weight applied inside the kernel."""
+    return {**_default_wgrad_config(shape), "PRESCALE": 0}
+
+
 _SHAPE_FIELDS = ("tokens", "experts", "hidden", "ffn", "skew")
 _EXACT_FIELDS = ("experts", "hidden", "ffn")
 # Rows on one rank for micro-batches of 4,096 and 16,384 tokens, 6 picks each: at EP=8 the
@@ -807,7 +819,7 @@ _register_launch("expert_down_fwd", _down_fwd, ("a", "offsets", "weights", "w2")
 _register_launch("expert_down_bwd_dx", _down_bwd_dx, ("dy", "offsets", "weights", "gu", "w2"), ("dgu", "dweights"),
                  _down_bwd_dx_reference, 1, _default_swiglu_bwd_config)
 _register_launch("expert_down_bwd_dw", _down_bwd_dw, ("dy", "a", "offsets", "weights", "dw2"), ("dw2",),
-                 _down_bwd_dw_reference, 1, _default_wgrad_config)
+                 _down_bwd_dw_reference, 1, _default_down_wgrad_config)
 _register_launch("expert_up_bwd_dx", _up_bwd_dx, ("dgu", "offsets", "w13"), ("dx",), _up_bwd_dx_reference, 2,
                  _default_gemm_config)
 _register_launch("expert_up_bwd_dw", _up_bwd_dw, ("dgu", "x", "offsets", "dw13"), ("dw13",), _up_bwd_dw_reference, 2,

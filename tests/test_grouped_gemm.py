@@ -211,6 +211,14 @@ def test_the_swiglu_backward_over_column_halves_matches_the_whole_tile(config):
     assert_config_matches_reference(registry.get("expert_down_bwd_dx"), {**config, "EPILOGUE_HALVES": 1}, seed=4)
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize("config", [CONFIGS[1], CONFIGS[4]], ids=["pointers", "tma"])
+def test_weights_applied_before_the_down_weight_gradient_give_its_sums(config, prefetch):
+    """PRESCALE: w * a formed (and rounded to bf16) before the kernel, which then runs unscaled."""
+    config = _for_launch("expert_down_bwd_dw", {**config, "PRESCALE": 1, "PREFETCH_GRAD": prefetch})
+    assert_config_matches_reference(registry.get("expert_down_bwd_dw"), config, seed=6)
+
+
 @pytest.mark.parametrize("config", [CONFIGS[1], CONFIGS[4]], ids=["pointers", "tma"])
 @pytest.mark.parametrize("name", ["expert_down_bwd_dw", "expert_up_bwd_dw"])
 def test_a_prefetched_gradient_tile_adds_as_after_the_reduction(name, config):
