@@ -40,6 +40,17 @@ if [[ ${#smoke[@]} -eq 0 ]]; then
   timeout 300 python3 -m bench service_vs_autotune --record "$out/service_vs_autotune.json" > "$out/service_vs_autotune.log" 2>&1
   echo "service_vs_autotune: exit $?"; tail -40 "$out/service_vs_autotune.log"
 fi
+# the records' headline figures, also in this script's output (where its files may not all come back)
+python3 - "$out" <<'EOF'
+import json, pathlib, sys
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    figures = json.loads(path.read_text())["figures"]
+    for row in figures.get("targets", []):
+        print(f"{path.stem}: {row['status']}: {row['target']}: {row['measured']}")
+    for key in ("pool_start_milestones", "steps"):
+        if key in figures:
+            print(f"{path.stem} {key}: " + ", ".join(f"{k} {v:.2f}" for k, v in figures[key].items()))
+EOF
 
 [[ "${QUICKSTART_TWICE:-1}" == 0 ]] && exit $status
 # quickstart twice: the user tables folder starts as a copy of the shipped table of this arch
