@@ -21,7 +21,8 @@ rounding truncates) or within twice the peer's own; a shape that fails is report
 ``triton.testing.do_bench`` (warm-up, L2 flushed before each repetition, CUDA events) interleaved
 over ``--rounds`` rounds, the median of every sample; on a CPU (``--smoke``: the interpreter, a small
 shape) wall-clock medians, which check the harness only. Backward time is forward + backward less
-forward, both timed with autograd recording, as in a training step.
+forward, both timed with autograd recording, as in a training step. Then each of the six launches alone,
+with the config the layer resolves: where the time goes, launch by launch.
 """
 
 from __future__ import annotations
@@ -220,6 +221,35 @@ def bench_shape(shape: dict[str, int], rounds: int, device: torch.device) -> dic
     return result
 
 
+BACKWARD_LAUNCHES = ("expert_down_bwd_dx", "expert_up_bwd_dx", "expert_down_bwd_dw", "expert_up_bwd_dw")
+FORWARD_LAUNCHES = ("expert_up_fwd", "expert_down_fwd")
+
+
+def launch_times(shape: dict[str, int], device: torch.device) -> dict[str, Any]:
+    """Each of the MLP's six launches alone, with the config the layer resolves (the arch's tables, a
+    balanced load), timed as a sweep times it (the weight gradients adding into fp32 buffers): where the
+    forward's and the backward's time goes, and how much of the measured backward the four backward
+    launches leave to the rest (the routing-weight gradient's sum, the copies)."""
+    from kernels import registry
+    from kernels.tuning import resolve
+
+    timer = _timer(device.type == "cuda")
+    full = {**shape, "skew": 0}
+    launches = {}
+    for name in FORWARD_LAUNCHES + BACKWARD_LAUNCHES:
+        kernel = registry.get(name)
+        config, source = resolve(name, full)
+        inputs = kernel.make_inputs(full, device, 0)
+        ms = statistics.median(timer(lambda: kernel.run(inputs, config)))
+        launches[name] = {"ms": ms, "tflops": kernel.flops(full) / ms / 1e9, "config_from": source}
+        del inputs
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"launches": launches,
+            "forward_launches_ms": sum(launches[n]["ms"] for n in FORWARD_LAUNCHES),
+            "backward_launches_ms": sum(launches[n]["ms"] for n in BACKWARD_LAUNCHES)}
+
+
 def targets(shapes: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
     """Issue 36's two targets per shape and gradient mode: forward + backward over the peer, backward
     over forward."""
@@ -263,6 +293,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     shapes: dict[str, dict[str, Any]] = {}
     for name, shape in chosen.items():
         shapes[name] = bench_shape(shape, args.rounds, device)
+        if shapes[name]["status"] == "ok":  # after the variants' tensors are freed
+            shapes[name].update(launch_times(shape, device))
         save_partial({"rounds": args.rounds, "shapes": shapes})
     # the interpreter's times check the harness, not the kernels: no target is judged on them
     return {"rounds": args.rounds, "shapes": shapes, "targets": targets(shapes) if on_gpu else []}

@@ -52,3 +52,12 @@ def test_bad_arguments_are_refused_by_name():
         expert_mlp.run(args)
     with pytest.raises(ValueError, match="--rounds"):
         expert_mlp.run(argparse.Namespace(shapes="", rounds=0, smoke=True))
+
+
+def test_each_launch_is_timed_alone_with_the_config_the_layer_resolves():
+    figures = expert_mlp.launch_times(SMOKE_SHAPES["smoke"], torch.device("cpu"))
+    launches = figures["launches"]
+    assert set(launches) == set(expert_mlp.FORWARD_LAUNCHES + expert_mlp.BACKWARD_LAUNCHES)
+    assert all(row["ms"] > 0 and row["tflops"] > 0 and row["config_from"] in ("env", "table", "default")
+               for row in launches.values())
+    assert figures["backward_launches_ms"] == pytest.approx(sum(launches[n]["ms"] for n in expert_mlp.BACKWARD_LAUNCHES))
