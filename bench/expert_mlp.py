@@ -236,6 +236,8 @@ def launch_times(shape: dict[str, int], device: torch.device) -> dict[str, Any]:
     timer = _timer(device.type == "cuda")
     full = {**shape, "skew": 0}
     launches = {}
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the variants' blocks, cached by the allocator
     for name in FORWARD_LAUNCHES + BACKWARD_LAUNCHES:
         kernel = registry.get(name)
         config, source = resolve(name, full)
