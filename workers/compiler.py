@@ -5,7 +5,9 @@ of its benchmarking child (as Ray tasks, ``workers.compile_task``, or as the poo
 The compile allocates its problem's tensors on the GPU, which the benchmarking child shares: it hands its
 allocator's cache back after every config (a full-size attention backward sizes buffers of up to 10 GiB),
 and a config that finds the GPU full is left for the child to compile on its first launch rather than
-recorded as a compile error.
+recorded as a compile error. So is a problem whose tensors would take more than ``MAX_SHARE_OF_FREE`` of
+the GPU's free memory: several compile processes each holding an EP-1 expert weight gradient's (17 GB of
+fp32, twice) left the child none, and its trials crashed out of memory.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from workers.errors import error_text
 
 _inputs: dict[tuple[str, str], dict[str, Any]] = {}
+MAX_SHARE_OF_FREE = 0.25
 
 
 def compile_one(kernel_name: str, shape: dict[str, int], config: dict[str, Any]) -> dict[str, Any]:
@@ -31,6 +34,8 @@ def compile_one(kernel_name: str, shape: dict[str, int], config: dict[str, Any])
     try:
         if key not in _inputs:
             _inputs.clear()
+            if torch.cuda.is_available() and kernel.bytes_moved(shape) > MAX_SHARE_OF_FREE * torch.cuda.mem_get_info()[0]:
+                return {"status": "ok"}  # too large to hold beside the child: it compiles this config itself
             _inputs[key] = kernel.make_inputs(shape, kernel_device(), 0)
         kernel.compile(_inputs[key], config)
     except torch.OutOfMemoryError:
