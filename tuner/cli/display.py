@@ -26,6 +26,11 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def summary_help(doc: str) -> str:
+    """A module docstring's first paragraph as a command group's help: plain text, without reST's ``."""
+    return doc.split("\n\n")[0].replace("``", "")
+
+
 def sweep_progress() -> Progress:
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("best {task.fields[best]}"), TimeElapsedColumn(), console=console)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from tuner.sweep.kernel_facts import KernelFacts
     from workers.pool import WorkerPool
 
-app = typer.Typer(help=__doc__.split("\n\n")[0].replace("``", ""), no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(help=display.summary_help(__doc__), no_args_is_help=True, pretty_exceptions_enable=False,
                   add_completion=False)
 sweep_app = typer.Typer(help="Queue, run, list, inspect and cancel sweeps.", no_args_is_help=True)
 tables_app = typer.Typer(help="Inspect the tuned tables (yours over the shipped ones) and reset yours.",

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from tuner.cli.display import console
+from tuner.cli.display import console, summary_help
 from tuner.cli.errors import fail
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 GiB = 1 << 30
 MAX_NODE_COUNTS = 64  # a sweep plans each count in about a second of CPU
-plan_app = typer.Typer(help=__doc__.split("\n\n")[0].replace("``", ""), invoke_without_command=True, no_args_is_help=False)
+plan_app = typer.Typer(help=summary_help(__doc__), invoke_without_command=True, no_args_is_help=False)
 
 
 @contextlib.contextmanager
