@@ -8,7 +8,9 @@ the L2 flushes alone, as their sweeps time them. Throughput is GB/s against the 
 bandwidth measured in the same run (and a copy of the launch's own byte count, the ceiling at its
 size), and TFLOP/s for launches that count FLOPs. The expert GEMMs also time their peers on the same
 inputs (``bench/expert_gemm_peers.py``). ``summarize`` turns the rows into the figures the README's
-targets are stated in; the raw rows go into the record beside them.
+targets are stated in, one table per launch family with every cell's figures. A cell that runs out of
+device memory is named among the cells not measured, and the others go on; the figures so far are kept
+after each cell (``<record>.partial``), so a run stopped at its time limit keeps its finished cells.
 """
 
 from __future__ import annotations
@@ -68,11 +70,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ceiling = copy_bandwidth_gbps()
     cells = {(name, registry.get(name).shape_key(shape)): (name, preset, shape)
              for name in names for preset in presets for shape in registry.get(name).presets.get(preset, [])}
-    rows = []
+    save_partial = getattr(args, "save_partial", lambda _figures: None)  # the runner's; absent in a direct call
+    rows: list[dict] = []
+    unmeasured: list[str] = []
     for name, preset, shape in sorted(cells.values(), key=lambda c: c[2].get("seq", 0)):
-        rows.append({**bench_shape(name, shape, table, ceiling, with_peers=not args.no_peers), "preset": preset})
+        try:
+            rows.append({**bench_shape(name, shape, table, ceiling, with_peers=not args.no_peers), "preset": preset})
+        except torch.cuda.OutOfMemoryError:
+            unmeasured.append(f"{name} {registry.get(name).shape_key(shape)}: out of device memory")
         torch.cuda.empty_cache()
-    return summarize(rows, ceiling, table["entries"], args.gemm_tflops)
+        save_partial(summarize(rows, ceiling, table["entries"], args.gemm_tflops, unmeasured))
+    return summarize(rows, ceiling, table["entries"], args.gemm_tflops, unmeasured)
 
 
 def copy_bandwidth_gbps() -> float:
@@ -249,8 +257,10 @@ def memory_cells(rows: list[dict]) -> dict[str, dict[str, Any]]:
     return cells
 
 
-def targets(rows: list[dict], copy_gbps: float, gemm_tflops: float) -> list[dict[str, str]]:
-    """The README's kernel targets, each measured from ``rows`` and marked met or missed."""
+def targets(rows: list[dict], copy_gbps: float, gemm_tflops: float,
+            unmeasured: list[str] = ()) -> list[dict[str, str]]:
+    """The README's kernel targets, each measured from ``rows`` and marked met or missed (or incomplete,
+    where a cell of the target's is among ``unmeasured``)."""
     out = []
     attention = attention_cells(rows)
     csa = attention.get("v4-flash CSA 4096")
@@ -305,19 +315,24 @@ def targets(rows: list[dict], copy_gbps: float, gemm_tflops: float) -> list[dict
         swept = [_speedup(r) for r in block if _speedup(r)]
         every = _geomean([_speedup(r) or 1.0 for r in block])
         untuned = len(block) - len(swept)
+        missing = [u for u in unmeasured if u.split(" ")[0] not in ATTENTION + FLOORED]
         out.append({"target": "block kernels tuned over default, geomean of every cell >= 1.2x",
                     "measured": f"{every:.3f}x over {len(block)} cells ({untuned} without a tuned config, "
-                                f"counted at 1.00x); {_geomean(swept):.3f}x over the {len(swept)} tuned",
-                    "status": _status(every >= 1.2)})
+                                f"counted at 1.00x); {_geomean(swept):.3f}x over the {len(swept)} tuned"
+                                + (f"; {len(missing)} not measured" if missing else ""),
+                    "status": "incomplete" if missing else _status(every >= 1.2)})
     return out
 
 
-def summarize(rows: list[dict], copy_gbps: float, entries: dict, gemm_tflops: float) -> dict[str, Any]:
-    """The figures of a run: targets, then one table per launch family, and parity failures."""
+def summarize(rows: list[dict], copy_gbps: float, entries: dict, gemm_tflops: float,
+              unmeasured: list[str] | None = None) -> dict[str, Any]:
+    """The figures of a run: targets, then one table per launch family, parity failures and the cells
+    that could not be measured (``unmeasured``, each with its reason)."""
     failures = [f"{r['kernel']} {r['shape']} {v}: {p}" for r in rows for v, p in r["parity"].items() if p != "ok"]
     figures: dict[str, Any] = {"copy GB/s": _r(copy_gbps, 0), "cells": len(rows),
+                               "cells not measured": unmeasured or "none",
                                "parity failures": failures or "none",
-                               "targets": targets(rows, copy_gbps, gemm_tflops)}
+                               "targets": targets(rows, copy_gbps, gemm_tflops, unmeasured or [])}
     for name, cells in (("attention", attention_cells(rows)), ("compressor and indexer against their floor",
                                                                 floor_cells(rows, copy_gbps, gemm_tflops)),
                         ("expert GEMMs", gemm_cells(rows, entries)), ("memory-bound kernels", memory_cells(rows))):

@@ -30,6 +30,17 @@ def test_block_geomean_counts_cells_without_a_tuned_config_at_their_default() ->
     assert memory["measured"].startswith("0 of 3 cells") and memory["status"] == "missed"
 
 
+def test_a_cell_out_of_memory_leaves_the_geomean_incomplete() -> None:
+    rows = [_row("rope_fwd", "tokens=1", 2.0, 1.0), _row("rope_fwd", "tokens=2", 8.0, 1.0)]
+    lost = ["expert_up_bwd_dw tokens=6,experts=256: out of device memory"]
+    figures = summarize(rows, 1000.0, {}, 750.0, lost)
+    block = _by_target(figures)["block kernels"]
+    assert block["measured"].endswith("; 1 not measured") and block["status"] == "incomplete"
+    assert figures["cells not measured"] == lost
+    assert _by_target(summarize(rows, 1000.0, {}, 750.0, ["sparse_attn_fwd seq=1: out of device memory"])
+                      )["block kernels"]["status"] == "met"  # an attention cell is not a block kernel's
+
+
 def test_attention_and_gemm_targets_from_tflops() -> None:
     csa = "batch=1,seq=4096,heads=64,ratio=4,topk=512,window=128"
     rows = [_row("sparse_attn_fwd", csa, 2.0, 1.0, tflops={"default": 176.0, "tuned": 352.0, "eager": 14.0}),
