@@ -212,12 +212,13 @@ def attention_grid_with_committed_specs(kernel: str, name: str, space: dict) -> 
                                      lambda shape: f"{shape['seq']}-{shape['heads']}-{shape['ratio']}")
 
 
-def grid_with_committed_specs(kernel: str, name: str, space: dict, shapes: list[dict],
+def grid_with_committed_specs(kernel: str, name: str, space: dict | list[dict], shapes: list[dict],
                               label: Callable[[dict], str]) -> list[tuple[str, dict]]:
-    """At each of ``shapes`` (named in the spec by ``label``), the grid of ``space`` beside the shape's
-    committed entry (a one-point grid; the heuristic default where the table has none), which the
-    export must be able to keep: export with ``--fastest KERNEL`` where the grid leaves the committed
-    config out, since the export otherwise takes the newer sweep's winner, the grid's."""
+    """At each of ``shapes`` (named in the spec by ``label``), the grid of ``space`` (or of each space of a
+    list) beside the shape's committed entry (a one-point grid; the heuristic default where the table has
+    none), which the export must be able to keep: export with ``--fastest KERNEL`` where the grid leaves
+    the committed config out, since the export otherwise takes the newer sweep's winner, the grid's."""
+    spaces = space if isinstance(space, list) else [space]
     specs = []
     for shape in shapes:
         prefix = f"{kernel}-{name}-{label(shape)}"
@@ -226,8 +227,9 @@ def grid_with_committed_specs(kernel: str, name: str, space: dict, shapes: list[
         entry = load_table("sm_90")["entries"].get(kernel, {}).get(registry.get(kernel).shape_key(shape), {})
         committed = registry.get(kernel).default_config(shape) | entry.get("config", {})
         one_point = {p: [v] for p, v in committed.items()}
-        specs += [(f"{prefix}-committed", grid_spec(kernel, [shape], one_point)),
-                  (f"{prefix}-grid", grid_spec(kernel, [shape], space))]
+        specs += [(f"{prefix}-committed", grid_spec(kernel, [shape], one_point))]
+        specs += [(f"{prefix}-grid" + (f"-{i + 1}" if i else ""), grid_spec(kernel, [shape], grid))
+                  for i, grid in enumerate(spaces)]
     return specs
 
 
@@ -800,14 +802,21 @@ def warp_specialized_gemm_specs() -> list[tuple[str, dict]]:
 # spills), by pointers or TMA; and the dgu launch with its SwiGLU backward over the tile's column
 # halves (EPILOGUE_HALVES), which fits 128 columns without spills (offline sm_90: 205 registers against
 # 255 and 1,288 bytes spilled) and 64 columns in 99 registers, two stages at two programs an SM.
+# And the weight gradients at two programs an SM: 128 x 128 x 64 tiles held to 128 registers, so that one
+# program's epilogue (the fp32 tile's read and write) runs beside the other's reduction (offline sm_90 with
+# Triton 3.9, three stages: 96 kB of shared memory, 128 or 136 bytes spilled, the same loop as at 168
+# registers).
 WGRAD_PREFETCH_SPACE = {"BLOCK_M": [128], "BLOCK_N": [128], "BLOCK_K": [64, 128], "GROUP_M": [8], "TMA": [0, 1],
                         "PREFETCH_GRAD": [1], "num_warps": [8], "num_stages": [2, 3], "maxnreg": [None, 232]}
+WGRAD_TWO_PROGRAMS_SPACE = {"BLOCK_M": [128], "BLOCK_N": [128], "BLOCK_K": [64], "GROUP_M": [8], "TMA": [0, 1],
+                            "PREFETCH_GRAD": [0], "num_warps": [8], "num_stages": [2, 3], "maxnreg": [128]}
 SWIGLU_BWD_HALVES_SPACE = {"BLOCK_M": [128], "BLOCK_N": [64, 128], "BLOCK_K": [64, 128], "GROUP_M": [8],
                            "TMA": [1], "WARP_SPECIALIZE": [0], "EPILOGUE_HALVES": [1], "num_warps": [8],
                            "num_stages": [2, 3, 4], "maxnreg": [None]}
-EXPERT_BACKWARD_SPACES = {"expert_up_bwd_dw": WGRAD_PREFETCH_SPACE,
+EXPERT_BACKWARD_SPACES = {"expert_up_bwd_dw": [WGRAD_PREFETCH_SPACE, WGRAD_TWO_PROGRAMS_SPACE],
                           # and w * a formed before the kernel, which then runs unscaled (PRESCALE)
-                          "expert_down_bwd_dw": WGRAD_PREFETCH_SPACE | {"PRESCALE": [0, 1]},
+                          "expert_down_bwd_dw": [WGRAD_PREFETCH_SPACE | {"PRESCALE": [0, 1]},
+                                                 WGRAD_TWO_PROGRAMS_SPACE | {"PRESCALE": [0, 1]}],
                           "expert_down_bwd_dx": SWIGLU_BWD_HALVES_SPACE}
 
 

@@ -137,16 +137,19 @@ def test_warp_specialized_group_sweeps_4_warp_tma_tiles_beside_what_each_shape_r
 
 def test_expert_backward_group_sweeps_the_new_knobs_beside_each_benched_entry(tmp_path, monkeypatch):
     """Both weight gradients and the dgu launch at the two expert-parallel shapes the expert MLP benchmark
-    times: a grid with the gradient tile prefetched (or the epilogue over column halves), and a one-point
-    grid of what runs there now (which does neither)."""
+    times: a grid with the gradient tile prefetched (or the epilogue over column halves); for the weight
+    gradients a second grid at two programs an SM (128 registers); and a one-point grid of what runs there
+    now (which does neither)."""
     run_main(monkeypatch, str(tmp_path), "expert-backward")
     specs = {p.stem: parse_spec(yaml.safe_load(p.read_text())) for p in tmp_path.glob("*.yaml")}
-    assert len(specs) == 12
+    assert len(specs) == 16
     for name, spec in specs.items():
         [shape] = spec.resolved_shapes()
         assert (shape["tokens"], shape["experts"], shape["skew"]) in {(24576, 32, 0), (24576, 48, 0)}
         knob = "EPILOGUE_HALVES" if spec.kernel == "expert_down_bwd_dx" else "PREFETCH_GRAD"
         assert spec.space[knob] == ([1] if name.endswith("-grid") else [0])
+        if name.endswith("-grid-2"):
+            assert spec.kernel != "expert_down_bwd_dx" and spec.space["maxnreg"] == [128]
 
 
 def test_model_groups_sweep_the_launches_the_table_misses_with_the_trials_asked(tmp_path, monkeypatch, request):
