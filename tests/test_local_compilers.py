@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from sqlalchemy import select
 
 from db import Trial, open_database, session_scope
@@ -153,3 +154,23 @@ def test_a_sweep_compiles_ahead_in_the_local_processes(tmp_path, db_url, local_r
     [compilers] = started
     assert compilers.answered >= 1  # configs the processes compiled for the sweep
     assert not compilers.busy() and compilers.submit("rmsnorm_fwd", SHAPE, CONFIG) is None  # closed with the pool
+
+
+
+@pytest.mark.parametrize("result, to_ready, worker_failed", [
+    ({"status": "ok"}, True, False),
+    ({"status": "compile_error", "error": "out of resources"}, False, False),
+    ({"status": "crash", "error": "worker failed: SystemError: bad call flags"}, True, True),
+    ({"status": "crash", "error": "the local compile process died (exit code -9)"}, True, True),
+])
+def test_only_a_compile_error_is_the_configs_own(result, to_ready, worker_failed):
+    """A compile worker that died answers for no config: the device worker's child compiles it, and no
+    trial is recorded as a crash for it (a cancelled Ray compile task cut short its worker's torch import,
+    and a good config was recorded as crashed)."""
+    from collections import deque
+
+    from tuner.sweep.runner import route_compiled
+
+    pending, ready, finished = object(), deque(), []
+    assert route_compiled(pending, result, ready, finished) is worker_failed
+    assert (list(ready), finished) == (([pending], []) if to_ready else ([], [(pending, result, None)]))

@@ -5,18 +5,32 @@ launching it; the GPU worker's child then finds the binary in the cache. Triton 
 driver to know its target, so the task keeps the host's GPUs visible
 (``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0`` in the pool's runtime env) but launches nothing.
 
-The compile itself is ``workers.compiler.compile_one``.
+The compile itself is ``workers.compiler.compile_one``. The sweep cancels a compile task whose config a
+local compile process or the device worker took first; a task already running gets a KeyboardInterrupt,
+and one that lands inside the worker's first ``import torch`` leaves torch half-initialized in that
+process for good (every later import there fails: "SystemError: ... bad call flags"). Such a worker
+exits, and Ray starts a fresh one for the next task.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from typing import Any
 
 import ray
 
 from workers.compiler import compile_one
 
-compile_config = ray.remote(num_cpus=1, max_retries=0)(compile_one)
+
+@ray.remote(num_cpus=1, max_retries=0)
+def compile_config(kernel_name: str, shape: dict[str, int], config: dict[str, Any]) -> dict[str, Any]:
+    """``compile_one`` in a compile worker whose torch imports whole, else the worker's end."""
+    try:
+        import torch  # noqa: F401 - the import compile_one makes first, here where its failure is the worker's
+    except BaseException:  # noqa: BLE001 - a cancel's KeyboardInterrupt mid-import, or its earlier victim
+        os._exit(1)
+    return compile_one(kernel_name, shape, config)
 
 
 @ray.remote(num_cpus=1, max_retries=0)

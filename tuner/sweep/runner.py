@@ -125,6 +125,18 @@ def config_for_idle_worker(ready: deque[Pending], compiling: dict[Any, Pending])
     return None
 
 
+def route_compiled(pending: Pending, result: dict[str, Any], ready: deque[Pending], finished: list) -> bool:
+    """Where a compile's answer sends its config: compiled, to the device workers (``ready``); a compile
+    error, the config's own, to ``finished``. A compile worker that died or failed outside the compile (a
+    cancel that cut its import short, the OS) says nothing of the config, which goes to the device workers
+    too: their child compiles it and answers for it. True in that last case."""
+    if result["status"] == "compile_error":
+        finished.append((pending, result, None))
+        return False
+    ready.append(pending)
+    return result["status"] != "ok"
+
+
 @dataclass
 class ShapeState:
     facts: ShapeFacts  # the shape, its key and what its kernel says of it
@@ -304,6 +316,11 @@ class SweepRunner:
                 ray.cancel(queued)
                 compiling[handle] = compiling.pop(queued)
 
+        def compiled(pending: Pending, result: dict[str, Any], finished: list) -> None:
+            if route_compiled(pending, result, ready, finished):
+                log.warning("sweep %s %s %s: a compile worker failed (%s); the device worker compiles %s itself",
+                            self.sweep_id, self.facts.name, state.key, result.get("error", "")[:200], pending.config)
+
         def dispatch() -> None:
             while idle:
                 taken = config_for_idle_worker(ready, compiling)
@@ -352,21 +369,13 @@ class SweepRunner:
             for handle, result in local.poll(0.0 if waiting else 1.0) if polling else []:
                 if (pending := compiling.pop(handle, None)) is None:
                     continue  # the child took it meanwhile
-                if result["status"] == "ok":
-                    ready.append(pending)
-                else:
-                    finished.append((pending, result, None))
+                compiled(pending, result, finished)
             for ref in done:
                 if ref in self.down:
                     if self._revived(ref):
                         idle.append(self.down.pop(ref))
                 elif ref in compiling:
-                    pending = compiling.pop(ref)
-                    result = self._get(ref)
-                    if result["status"] == "ok":
-                        ready.append(pending)
-                    else:
-                        finished.append((pending, result, None))
+                    compiled(compiling.pop(ref), self._get(ref), finished)
                 elif ref in benching:
                     pending, worker = benching.pop(ref)
                     result = self._answer(ref)
