@@ -833,20 +833,22 @@ def untuned_gemm_specs() -> list[tuple[str, dict]]:
     """TPE sweeps of the expert GEMMs at the Flash and Pro shapes the committed sm_90 table holds no
     entry for, the weight gradients first, and each kernel's expert-parallel shapes (the ones
     ``bench/expert_mlp.py`` times: a balanced load of 24,576 rows over 32 or 48 experts) before all
-    others: a sweep cut short by its deadline has tuned what the benchmarks run."""
+    others: a sweep cut short by its deadline has tuned what the benchmarks run. The others go from the
+    smallest problem to the largest (by bytes moved), so that such a sweep has tuned the most cells."""
     entries = load_table("sm_90")["entries"]
     first: list[tuple[str, dict]] = []
-    rest: list[tuple[str, dict]] = []
+    rest: list[tuple[int, str, dict]] = []
     for kernel in dict.fromkeys(("expert_up_bwd_dw", "expert_down_bwd_dw", *EXPERT_GEMMS)):
+        launch = registry.get(kernel)
         held = entries.get(kernel, {})
-        shapes = [s for s in shapes_of(kernel) if registry.get(kernel).shape_key(s) not in held]
+        shapes = sorted((s for s in shapes_of(kernel) if launch.shape_key(s) not in held), key=launch.bytes_moved)
         benched = [s for s in shapes if _expert_parallel_benched(s)]
         others = [s for s in shapes if not _expert_parallel_benched(s)]
         if benched:
             first.append((f"{kernel}-untuned-ep8", tpe_spec(kernel, benched, TPE_TRIALS["gemm"])))
         if others:
-            rest.append((f"{kernel}-untuned", tpe_spec(kernel, others, TPE_TRIALS["gemm"])))
-    return first + rest
+            rest.append((launch.bytes_moved(others[0]), f"{kernel}-untuned", tpe_spec(kernel, others, TPE_TRIALS["gemm"])))
+    return first + [(name, body) for _, name, body in sorted(rest, key=lambda r: r[0])]
 
 
 def _expert_parallel_benched(shape: dict) -> bool:

@@ -92,7 +92,8 @@ def test_fused_knobs_group_sweeps_the_selection_instead_of_holding_it(tmp_path, 
 
 def test_untuned_gemm_group_sweeps_every_expert_gemm_shape_the_table_lacks(tmp_path, monkeypatch):
     """Each shape of Flash and Pro that the committed table has no entry for, and none that it has; the
-    expert-parallel shapes the expert MLP benchmark times first, then the weight gradients first."""
+    expert-parallel shapes the expert MLP benchmark times first (the weight gradients first), then the others
+    from the smallest problem to the largest."""
     run_main(monkeypatch, str(tmp_path / "untuned"), "gemm-untuned")
     specs = [yaml.safe_load(p.read_text()) for p in sorted((tmp_path / "untuned").glob("*.yaml"))]
     entries = load_table("sm_90")["entries"]
@@ -106,9 +107,12 @@ def test_untuned_gemm_group_sweeps_every_expert_gemm_shape_the_table_lacks(tmp_p
     assert not any(s["tokens"] == 24576 and s["experts"] in (32, 48) and s["skew"] == 0
                    for spec in specs[len(benched):] for s in spec["shapes"])
     order = list(dict.fromkeys(("expert_up_bwd_dw", "expert_down_bwd_dw", *sweep_specs.EXPERT_GEMMS)))
-    for part in (specs[:len(benched)], specs[len(benched):]):
-        kernels = [spec["kernel"] for spec in part]
-        assert kernels == sorted(kernels, key=order.index) and len(set(kernels)) == len(kernels)
+    kernels = [spec["kernel"] for spec in specs[:len(benched)]]
+    assert kernels == sorted(kernels, key=order.index) and len(set(kernels)) == len(kernels)
+    # the others from the smallest problem to the largest, within a spec and across them
+    sizes = [[registry.get(spec["kernel"]).bytes_moved(s) for s in spec["shapes"]] for spec in specs[len(benched):]]
+    assert all(each == sorted(each) for each in sizes) and [each[0] for each in sizes] == sorted(each[0] for each in sizes)
+    assert len({spec["kernel"] for spec in specs[len(benched):]}) == len(specs) - len(benched)
     assert all(spec["strategy"]["name"] == "tpe" and "timing" not in spec for spec in specs)
     for spec in specs:
         parse_spec(spec)

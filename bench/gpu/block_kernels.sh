@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU run for issue 36's block-kernel geomean: sweep a group of bench/sweep_specs.py (default
-# gemm-untuned: the expert GEMMs' shapes the shipped sm_90 table lacks; SWEEP_SECONDS, 0 leaves the sweep
+# gemm-untuned: the expert GEMMs' shapes the shipped sm_90 table lacks, the smallest first; SWEEP_SECONDS, 0 leaves the sweep
 # out; bench/gpu/sweep_group.sh), then time every block-kernel cell, the expert GEMMs and the memory-bound
 # launches at the Flash and Pro shapes, the heuristic default against the table's config, with the swept
 # table laid over the shipped one as the user table (python -m bench kernels_vs_peers --kernels gemm,memory
