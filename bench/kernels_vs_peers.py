@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 from typing import Any, Callable
 
 from kernels import registry
@@ -42,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--presets", default="v4-flash,v4-pro", help="model presets whose shapes to run")
     parser.add_argument("--gemm-tflops", type=float, default=750.0,
                         help="bf16 dense-GEMM rate of the device, the indexer's compute floor")
+    parser.add_argument("--compile-workers", type=int, default=8,
+                        help="processes that compile every cell's default and table config first (0: none)")
     parser.add_argument("--no-peers", action="store_true",
                         help="time only the heuristic default and the table's config (the tuned-over-default "
                              "figures, in about half the time; no peer, eager or same-size-copy column)")
@@ -70,6 +73,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ceiling = copy_bandwidth_gbps()
     cells = {(name, registry.get(name).shape_key(shape)): (name, preset, shape)
              for name in names for preset in presets for shape in registry.get(name).presets.get(preset, [])}
+    precompile([(name, shape) for name, _, shape in cells.values()], table, args.compile_workers)
     save_partial = getattr(args, "save_partial", lambda _figures: None)  # the runner's; absent in a direct call
     rows: list[dict] = []
     unmeasured: list[str] = []
@@ -81,6 +85,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.empty_cache()
         save_partial(summarize(rows, ceiling, table["entries"], args.gemm_tflops, unmeasured))
     return summarize(rows, ceiling, table["entries"], args.gemm_tflops, unmeasured)
+
+
+def precompile(cells: list[tuple[str, dict[str, int]]], table: dict, workers: int) -> None:
+    """Compile each cell's heuristic default and table config into Triton's cache in ``workers`` processes
+    (``workers.compiler.compile_one``, as a sweep's compile workers do), so that the timing loop loads
+    binaries rather than compiling some 240 configs one after another. What fails here is met again, and
+    reported, by the cell's own run."""
+    if workers < 1:
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, wait
+
+    from workers.compiler import compile_one
+
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_one_thread) as pool:
+        futures = [pool.submit(compile_one, *job) for job in compile_jobs(cells, table)]
+        wait(futures)
+    lost = [f.exception() for f in futures if f.exception() is not None]  # a compile process that died
+    if lost:
+        print(f"kernels_vs_peers: {len(lost)} configs not compiled ahead ({lost[0]!r}); their cells compile them",
+              file=sys.stderr)
+
+
+def compile_jobs(cells: list[tuple[str, dict[str, int]]], table: dict) -> list[tuple[str, dict, dict]]:
+    """``(launch, shape, config)`` for each cell's heuristic default and its table config (where it has one),
+    the configs ``bench_shape`` runs."""
+    jobs = []
+    for name, shape in cells:
+        kernel = registry.get(name)
+        tuned = table["entries"].get(name, {}).get(kernel.shape_key(shape), {}).get("config")
+        jobs += [(name, shape, config) for config in (kernel.default_config(shape), tuned) if config is not None]
+    return jobs
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def copy_bandwidth_gbps() -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.kernels_vs_peers import GEMM_TARGET_SHAPE, _launches, summarize, variant_calls
+from bench.kernels_vs_peers import GEMM_TARGET_SHAPE, _launches, compile_jobs, precompile, summarize, variant_calls
 from kernels import registry
 
 
@@ -97,3 +97,20 @@ def test_without_peers_only_the_default_and_the_table_config_are_timed(with_peer
     assert set(calls) == expected
     for call in calls.values():
         call()
+
+
+def test_the_configs_compiled_ahead_are_each_cells_default_and_table_config():
+    rope, router = registry.get("rope_fwd"), registry.get("router_fwd")
+    [rope_shape], [router_shape] = rope.presets["small"][:1], router.presets["small"][:1]
+    table = {"entries": {"rope_fwd": {rope.shape_key(rope_shape): {"config": {"BLOCK": 1}}}}}
+    assert compile_jobs([("rope_fwd", rope_shape), ("router_fwd", router_shape)], table) == [
+        ("rope_fwd", rope_shape, rope.default_config(rope_shape)), ("rope_fwd", rope_shape, {"BLOCK": 1}),
+        ("router_fwd", router_shape, router.default_config(router_shape))]
+
+
+def test_compiling_ahead_in_a_process_leaves_the_cells_to_run(capsys):
+    """Under the interpreter a compile is a no-op: what is checked is that a compile process starts, takes the
+    jobs and ends without a config lost."""
+    rope = registry.get("rope_fwd")
+    precompile([("rope_fwd", rope.presets["small"][0])], {"entries": {}}, workers=1)
+    assert "not compiled ahead" not in capsys.readouterr().err
