@@ -30,15 +30,21 @@ def test_block_geomean_counts_cells_without_a_tuned_config_at_their_default() ->
     assert memory["measured"].startswith("0 of 3 cells") and memory["status"] == "missed"
 
 
-def test_a_cell_out_of_memory_leaves_the_geomean_incomplete() -> None:
+def test_a_tuned_cell_out_of_memory_leaves_the_geomean_incomplete_an_untuned_one_counts_at_one() -> None:
     rows = [_row("rope_fwd", "tokens=1", 2.0, 1.0), _row("rope_fwd", "tokens=2", 8.0, 1.0)]
-    lost = ["expert_up_bwd_dw tokens=6,experts=256: out of device memory"]
-    figures = summarize(rows, 1000.0, {}, 750.0, lost)
+
+    def lost(kernel: str, table_config: bool) -> dict:
+        return {"kernel": kernel, "shape": "tokens=6", "reason": "out of device memory", "table_config": table_config}
+
+    figures = summarize(rows, 1000.0, {}, 750.0, [lost("expert_up_bwd_dw", True)])
     block = _by_target(figures)["block kernels"]
-    assert block["measured"].endswith("; 1 not measured") and block["status"] == "incomplete"
-    assert figures["cells not measured"] == lost
-    assert _by_target(summarize(rows, 1000.0, {}, 750.0, ["sparse_attn_fwd seq=1: out of device memory"])
-                      )["block kernels"]["status"] == "met"  # an attention cell is not a block kernel's
+    assert block["measured"].endswith("; 1 tuned cells not measured") and block["status"] == "incomplete"
+    assert figures["cells not measured"] == ["expert_up_bwd_dw tokens=6: out of device memory"]
+    block = _by_target(summarize(rows, 1000.0, {}, 750.0, [lost("expert_up_bwd_dw", False)]))["block kernels"]
+    assert block["measured"].startswith("2.520x over 3 cells (1 without a tuned config, counted at 1.00x, 1 of them "
+                                        "out of memory here)") and block["status"] == "met"
+    block = _by_target(summarize(rows, 1000.0, {}, 750.0, [lost("sparse_attn_fwd", True)]))["block kernels"]
+    assert block["measured"].startswith("4.000x over 2 cells") and block["status"] == "met"  # not a block kernel
 
 
 def test_attention_and_gemm_targets_from_tflops() -> None:

@@ -8,7 +8,8 @@
 #   sweep/                     the sweep's database, exported table and logs (sweep_group.sh)
 #   kernels_vs_peers.json      the record (kernels_vs_peers.json.partial holds the cells done, while it runs)
 #   kernels_vs_peers.log
-# The Flash EP 1 weight-gradient cells hold about 70 GB: an H100 names them among the cells not measured.
+# The Flash EP 1 weight-gradient cells hold about 70 GB: an H100 names them among the cells not measured
+# (a cell without a table config counts at 1.00x in the geomean all the same; a tuned one leaves it incomplete).
 # Usage (GPU host, bundle carried): source .gpubundle/install.sh && bash bench/gpu/block_kernels.sh
 # From a `git archive` export, set BENCH_COMMIT=<the exported commit> so the record names it (bench/record.py).
 set -uo pipefail
