@@ -81,9 +81,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             rows.append({**bench_shape(name, shape, table, ceiling, with_peers=not args.no_peers), "preset": preset})
         except torch.cuda.OutOfMemoryError:
-            key = registry.get(name).shape_key(shape)
-            unmeasured.append({"kernel": name, "shape": key, "reason": "out of device memory",
-                               "table_config": key in table["entries"].get(name, {})})
+            unmeasured.append({"kernel": name, "shape": registry.get(name).shape_key(shape),
+                               "reason": "out of device memory",
+                               "table_config": table_config(table, name, shape) is not None})
         torch.cuda.empty_cache()
         save_partial(summarize(rows, ceiling, table["entries"], args.gemm_tflops, unmeasured))
     return summarize(rows, ceiling, table["entries"], args.gemm_tflops, unmeasured)
@@ -116,10 +116,14 @@ def compile_jobs(cells: list[tuple[str, dict[str, int]]], table: dict) -> list[t
     the configs ``bench_shape`` runs."""
     jobs = []
     for name, shape in cells:
-        kernel = registry.get(name)
-        tuned = table["entries"].get(name, {}).get(kernel.shape_key(shape), {}).get("config")
-        jobs += [(name, shape, config) for config in (kernel.default_config(shape), tuned) if config is not None]
+        configs = (registry.get(name).default_config(shape), table_config(table, name, shape))
+        jobs += [(name, shape, config) for config in configs if config is not None]
     return jobs
+
+
+def table_config(table: dict, name: str, shape: dict[str, int]) -> dict | None:
+    """The config ``table`` holds for launch ``name`` at exactly ``shape``, or None."""
+    return table["entries"].get(name, {}).get(registry.get(name).shape_key(shape), {}).get("config")
 
 
 def _one_thread() -> None:
@@ -197,7 +201,7 @@ def bench_shape(name: str, shape: dict[str, int], table: dict, ceiling_gbps: flo
 
     kernel = registry.get(name)
     key = kernel.shape_key(shape)
-    tuned = table["entries"].get(name, {}).get(key, {}).get("config")
+    tuned = table_config(table, name, shape)
     default = kernel.default_config(shape)
     inputs = kernel.make_inputs(shape, torch.device("cuda"), 7)
     reference = as_tuple(kernel.reference(inputs))
