@@ -174,3 +174,16 @@ def test_only_a_compile_error_is_the_configs_own(result, to_ready, worker_failed
     pending, ready, finished = object(), deque(), []
     assert route_compiled(pending, result, ready, finished) is worker_failed
     assert (list(ready), finished) == (([pending], []) if to_ready else ([], [(pending, result, None)]))
+
+
+def test_ray_compile_workers_yield_the_cores_to_the_local_processes_once():
+    """A Ray compile worker lowers its priority below the local compile processes' (which are below the
+    benchmarking child's), and by that much however many tasks it runs: ``os.nice`` adds at every call."""
+    from workers import compile_server, compile_task
+
+    assert compile_task.NICENESS > compile_server.NICENESS
+    probe = ("import os; from workers.compile_task import yield_cores; before = os.getpriority(os.PRIO_PROCESS, 0); "
+             "yield_cores(); yield_cores(); print(os.getpriority(os.PRIO_PROCESS, 0) - before, before)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    lowered, before = map(int, done.stdout.split())
+    assert lowered == min(compile_task.NICENESS, 19 - before)
