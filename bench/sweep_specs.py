@@ -820,25 +820,11 @@ EXPERT_BACKWARD_SPACES = {"expert_up_bwd_dw": [WGRAD_PREFETCH_SPACE, WGRAD_TWO_P
                           "expert_down_bwd_dx": SWIGLU_BWD_HALVES_SPACE}
 
 
-# The weight gradients persistent: one program an SM (no register cap) or two (held to 128 registers),
-# each striding over the gradient tiles, with the tile and token loops apart or fused into one pipelined
-# loop (FLATTEN; offline sm_90 with Triton 3.9 at 128 x 128 x 64: 234-242 registers, no spills, by
-# pointers one loop, record offline_compile.wgrad-persistent).
-WGRAD_PERSISTENT_ONE = {"BLOCK_M": [128], "BLOCK_N": [128], "BLOCK_K": [64], "GROUP_M": [8], "TMA": [0, 1],
-                        "PREFETCH_GRAD": [0], "PERSISTENT": [1], "FLATTEN": [0, 1], "num_warps": [8],
-                        "num_stages": [3, 4], "maxnreg": [None]}
-WGRAD_PERSISTENT_SPACES = {"expert_up_bwd_dw": [WGRAD_PERSISTENT_ONE,
-                                                WGRAD_PERSISTENT_ONE | {"PERSISTENT": [2], "num_stages": [2, 3],
-                                                                        "maxnreg": [128]}]}
-WGRAD_PERSISTENT_SPACES["expert_down_bwd_dw"] = [space | {"PRESCALE": [0]}
-                                                 for space in WGRAD_PERSISTENT_SPACES["expert_up_bwd_dw"]]
-
-
-def expert_backward_specs(spaces: dict[str, dict | list[dict]], name: str) -> list[tuple[str, dict]]:
-    """Each launch's ``spaces`` beside its committed entry at the shapes ``bench/expert_mlp.py`` times
-    (export with ``--merge --fastest`` those launches)."""
-    return [spec for kernel, space in spaces.items()
-            for spec in grid_with_committed_specs(kernel, name, space,
+def expert_backward_specs() -> list[tuple[str, dict]]:
+    """``EXPERT_BACKWARD_SPACES`` beside each launch's committed entry at the shapes ``bench/expert_mlp.py``
+    times (export with ``--merge --fastest`` those launches)."""
+    return [spec for kernel, space in EXPERT_BACKWARD_SPACES.items()
+            for spec in grid_with_committed_specs(kernel, "backward", space,
                                                   [s for s in shapes_of(kernel) if _expert_parallel_benched(s)],
                                                   lambda shape: f"{shape['tokens']}-{shape['experts']}")]
 
@@ -908,8 +894,7 @@ SPEC_GROUPS: dict[str, Callable[[], list[tuple[str, dict]]]] = {
     "gemm": lambda: per_preset_specs(EXPERT_GEMMS),
     "gemm-untuned": untuned_gemm_specs,
     "gemm-warp-specialized": warp_specialized_gemm_specs,
-    "expert-backward": lambda: expert_backward_specs(EXPERT_BACKWARD_SPACES, "backward"),
-    "wgrad-persistent": lambda: expert_backward_specs(WGRAD_PERSISTENT_SPACES, "persistent"),
+    "expert-backward": expert_backward_specs,
     "memory": lambda: per_preset_specs(MEMORY_BOUND),
     "moe-combine": lambda: per_preset_specs(("moe_combine_fwd",)),
     "adamw": lambda: per_preset_specs(("adamw_step",)),  # the optimizer's update, a rank's parameters

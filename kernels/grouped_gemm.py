@@ -67,7 +67,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernels.arch import INTERPRETER_ARCH, current_arch
 from kernels.contracts import check_integer, check_same_device, values_checked
 from kernels.host_math import cdiv, next_pow2
-from kernels.launch import ensure_scratch_allocator, launch, sm_count, tma_usable
+from kernels.launch import ensure_scratch_allocator, launch, tma_usable
 from kernels.registry import Config, Inputs, Shape, TunableKernel, register
 from kernels.tuning import resolve
 
@@ -230,30 +230,28 @@ def _grouped_gemm_kernel(
 
 
 @triton.jit
-def _wgrad_tile(
-    tile, steps_bound, a_ptr, b_ptr, offsets_ptr, scale_ptr, grad_in_ptr, grad_out_ptr, M, N, tiles_m, tiles_n,
+def _grouped_wgrad_kernel(
+    a_ptr, b_ptr, offsets_ptr, scale_ptr, grad_in_ptr, grad_out_ptr, M, N,
     HAS_SCALE: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
-    PREFETCH_GRAD: tl.constexpr, FLATTEN: tl.constexpr,
+    PREFETCH_GRAD: tl.constexpr,
 ):
-    """``grad_out[e] = (grad_in[e] +) sum over e's tokens t of A[t, :]^T (scale_t B[t, :])`` for gradient
-    tile ``tile`` (expert-major, then swizzled over the expert's ``tiles_m x tiles_n``).
-
-    The reduction takes the expert's own token steps, or (FLATTEN) ``steps_bound`` steps whatever the
-    expert, those past its tokens masked (zeros): a bound the same for every tile lets Triton fuse the
-    tile loop around this one with it.
+    """``grad_out[e] = (grad_in[e] +) sum over e's tokens t of A[t, :]^T (scale_t B[t, :])``, one tile.
 
     PREFETCH_GRAD (with ACCUMULATE): the gradient tile is loaded before the reduction, not after it, so
     that its read overlaps the MMAs. An expert's few hundred tokens make a short reduction, and the tile's
     fp32 read and write (8 bytes an element, for 2 x tokens FLOPs) are a large part of its time.
 
-    TMA: the A and B token tiles come through descriptors built over the tile's expert's rows alone
-    (``[end - start, M]`` and ``[end - start, N]``), so TMA zero-fills the rows past the expert's
+    TMA: the A and B token tiles come through descriptors the program builds over its expert's rows
+    alone (``[end - start, M]`` and ``[end - start, N]``), so TMA zero-fills the rows past the expert's
     end and the columns past M and N, and no load is masked. An expert without tokens gets one-row
     descriptors read from row 1: zeros, as its masked pointer loads give.
     """
-    expert = tile // (tiles_m * tiles_n)
-    pid_m, pid_n = _swizzle(tile % (tiles_m * tiles_n), tiles_m, tiles_n, GROUP_M)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    expert = pid // (tiles_m * tiles_n)
+    pid_m, pid_n = _swizzle(pid % (tiles_m * tiles_n), tiles_m, tiles_n, GROUP_M)
     start = tl.load(offsets_ptr + expert)
     end = tl.load(offsets_ptr + expert + 1)
     ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -274,8 +272,7 @@ def _wgrad_tile(
     # At least one step, all masked for an expert without tokens: with a loop that may run no step,
     # the accumulator's zeros reach the final wgmma wait on a path past the loop, and Triton 3.6's
     # ptxas then serializes every wgmma of the loop (warning C7515: 4 waits a step at BLOCK_K 64).
-    steps = steps_bound if FLATTEN else tl.maximum(1, tl.cdiv(end - start, BLOCK_K))
-    for step in range(0, steps):
+    for step in range(0, tl.maximum(1, tl.cdiv(end - start, BLOCK_K))):
         ts = start + step * BLOCK_K + tl.arange(0, BLOCK_K)
         t_mask = ts < end
         ts = ts.to(tl.int64)
@@ -295,43 +292,6 @@ def _wgrad_tile(
         else:
             acc += tl.load(grad_in_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     tl.store(grad_out_ptr + offsets, acc.to(grad_out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _grouped_wgrad_kernel(
-    a_ptr, b_ptr, offsets_ptr, scale_ptr, grad_in_ptr, grad_out_ptr, M, N, n_experts,
-    HAS_SCALE: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
-    PREFETCH_GRAD: tl.constexpr, PERSISTENT: tl.constexpr, FLATTEN: tl.constexpr, BLOCK_E: tl.constexpr,
-):
-    """Every expert's weight gradient, ``_wgrad_tile`` per gradient tile: one program a tile, or
-    (PERSISTENT) a few programs an SM striding over the tiles.
-
-    An expert's reduction is short (768 tokens at Flash EP 8, 512 at Pro: 8-12 steps of 64), so a program
-    a tile pays its pipeline's fill and its epilogue once every few steps, with nothing overlapping them.
-    FLATTEN (with PERSISTENT) has Triton fuse the tile loop and the token loop into one pipelined loop,
-    whose loads run ahead into the next tile across the epilogue. Triton fuses only an inner loop whose
-    bounds the outer loop does not change, so each tile then takes the steps of the most loaded expert
-    (``BLOCK_E``: the experts, to a power of two), read from the offsets before the loop: none wasted
-    at balanced loads, the lighter experts' masked at skewed ones.
-    """
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    steps_bound = 1
-    if FLATTEN:
-        es = tl.arange(0, BLOCK_E)
-        in_range = es < n_experts
-        loads = tl.load(offsets_ptr + es + 1, mask=in_range, other=0) - tl.load(offsets_ptr + es, mask=in_range, other=0)
-        steps_bound = tl.maximum(1, tl.cdiv(tl.max(loads, axis=0), BLOCK_K))
-    if PERSISTENT:
-        for tile in tl.range(tl.program_id(0), n_experts * tiles_m * tiles_n, tl.num_programs(0), flatten=FLATTEN):
-            _wgrad_tile(tile, steps_bound, a_ptr, b_ptr, offsets_ptr, scale_ptr, grad_in_ptr, grad_out_ptr, M, N,
-                        tiles_m, tiles_n, HAS_SCALE, ACCUMULATE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, UPCAST, TMA,
-                        PREFETCH_GRAD, FLATTEN)
-    else:
-        _wgrad_tile(tl.program_id(0), steps_bound, a_ptr, b_ptr, offsets_ptr, scale_ptr, grad_in_ptr, grad_out_ptr,
-                    M, N, tiles_m, tiles_n, HAS_SCALE, ACCUMULATE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, UPCAST, TMA,
-                    PREFETCH_GRAD, False)
 
 
 _TILE_IDS = 64  # row tiles a program of ``_tile_table_kernel`` fills
@@ -466,16 +426,12 @@ def _wgrad(
     tma = tma_usable(config, a, b)
     if tma:
         ensure_scratch_allocator()  # the kernel's descriptors live in Triton's global scratch
-    tiles = n_experts * cdiv(m, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"])
-    per_sm = config.get("PERSISTENT", 0)
-    flatten = bool(per_sm) and bool(config.get("FLATTEN", 0))
     launch(
         _grouped_wgrad_kernel,
-        (max(1, min(tiles, per_sm * sm_count(out.device))) if per_sm else tiles,),
-        (a, b, offsets, a if scale is None else scale, out if grad is None else grad, out, m, n, n_experts),
+        (n_experts * cdiv(m, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"]),),
+        (a, b, offsets, a if scale is None else scale, out if grad is None else grad, out, m, n),
         {"HAS_SCALE": scale is not None, "ACCUMULATE": grad is not None, **_tile_constexprs(config), "TMA": tma,
-         "PREFETCH_GRAD": bool(config.get("PREFETCH_GRAD", 0)), "PERSISTENT": bool(per_sm),
-         "FLATTEN": flatten, "BLOCK_E": max(16, next_pow2(n_experts)) if flatten else 16},
+         "PREFETCH_GRAD": bool(config.get("PREFETCH_GRAD", 0))},
         config,
         compile_only,
     )
@@ -790,7 +746,7 @@ def _default_wgrad_config(shape: Shape) -> Config:
     """128 x 128 gradient tiles; token steps of 64, shorter for experts of fewer tokens."""
     t, e, _, _ = _dims(shape)
     return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": min(64, max(16, next_pow2(cdiv(t, e)))),
-            "GROUP_M": 8, "TMA": 0, "PREFETCH_GRAD": 0, "PERSISTENT": 0, "FLATTEN": 0, "num_warps": 8, "num_stages": 3}
+            "GROUP_M": 8, "TMA": 0, "PREFETCH_GRAD": 0, "num_warps": 8, "num_stages": 3}
 
 
 def _default_down_wgrad_config(shape: Shape) -> Config:

@@ -83,13 +83,6 @@ def _torch_scratch(size: int, alignment: int, stream: int | None) -> torch.Tenso
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-@functools.cache
-def sm_count(device: torch.device) -> int:
-    """The SMs of ``device``, which persistent kernels size their grids by (off a GPU, under the interpreter
-    or where a kernel is only compiled, one)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-
-
 def ensure_scratch_allocator() -> None:
     """Let Triton take kernels' global scratch (device-built TMA descriptors) from torch, unless this
     thread has an allocator already. Triton keeps it in a context variable, which every thread starts

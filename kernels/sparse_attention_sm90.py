@@ -23,13 +23,13 @@ after), so a query's picks end at its first -1 here.
 Gluon has no interpreter mode, so this form runs on sm_90 GPUs only; its parity tests run there.
 """
 
+import functools
 import math
 
 import torch
 from torch import Tensor
 import triton
 from kernels.host_math import cdiv, next_pow2
-from kernels.launch import sm_count
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
@@ -463,7 +463,7 @@ def launch_forward(q: Tensor, kv: Tensor, kvc: Tensor, indices: Tensor, sink: Te
                   "TILE": TILE_K, "D": dim, "LATE_FIRST": late_first, "num_warps": NUM_WARPS}
     if mode == 5:
         kernel = _sparse_attn_fwd_sm90_persistent_kernel
-        grid = (max(1, min(seq * (heads // BLOCK_H) * batch, sm_count(q.device))),)
+        grid = (max(1, min(seq * (heads // BLOCK_H) * batch, _sm_count(q.device))),)
         args = (q, kv, kvc, indices, sink, o, lse, batch, seq, heads, n_comp, topk, window, qk_scale)
     else:
         kernel = _sparse_attn_fwd_sm90_kernel
@@ -476,4 +476,10 @@ def launch_forward(q: Tensor, kv: Tensor, kvc: Tensor, indices: Tensor, sink: Te
     elif seq and batch:
         kernel[grid](*args, **constexprs)
 
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """The persistent kernel's program count: one 200 KiB program fits an SM (off a GPU, where
+    the kernel is only compiled, one)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 

@@ -226,19 +226,6 @@ def test_a_prefetched_gradient_tile_adds_as_after_the_reduction(name, config):
     assert_config_matches_reference(registry.get(name), _for_launch(name, {**config, "PREFETCH_GRAD": 1}), seed=5)
 
 
-@pytest.mark.parametrize("flatten", [0, 1])
-@pytest.mark.parametrize("config", [CONFIGS[1], CONFIGS[4]], ids=["pointers", "tma"])
-@pytest.mark.parametrize("name", ["expert_down_bwd_dw", "expert_up_bwd_dw"])
-def test_persistent_weight_gradients_give_every_tiles_sums(name, config, flatten, monkeypatch):
-    """PERSISTENT: three programs (the interpreter's one SM, three a SM) stride over the tiles, more
-    tiles than programs at every small shape; FLATTEN runs each tile for the most loaded expert's
-    steps, the rest masked: the same sums, empty experts' tiles (zeros) and skewed loads included."""
-    monkeypatch.setattr(grouped_gemm, "sm_count", lambda device: 3)
-    config = _for_launch(name, {**config, "PERSISTENT": 1, "FLATTEN": flatten})
-    assert_config_matches_reference(registry.get(name), config, seed=7)
-    assert_config_matches_reference(registry.get(name), {**config, "PREFETCH_GRAD": 1}, seed=8)
-
-
 @pytest.mark.parametrize("name", ["expert_down_bwd_dw", "expert_up_bwd_dw"])
 def test_weight_gradient_runs_leave_their_inputs_alone(name):
     # The sweep runs a config many times on the same inputs: the gradient buffer must stay as drawn.
@@ -344,11 +331,9 @@ from triton.compiler import ASTSource
 from kernels.grouped_gemm import _grouped_wgrad_kernel as kernel
 
 signature = {"a_ptr": "*bf16", "b_ptr": "*bf16", "offsets_ptr": "*i32", "scale_ptr": "*fp32", "grad_in_ptr": "*fp32",
-             "grad_out_ptr": "*fp32", "M": "i32", "N": "i32", "n_experts": "i32"}
-flatten = sys.argv[2] == "flatten"
+             "grad_out_ptr": "*fp32", "M": "i32", "N": "i32"}
 constexprs = {"HAS_SCALE": True, "ACCUMULATE": True, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8,
-              "UPCAST": False, "TMA": sys.argv[3] == "tma", "PREFETCH_GRAD": sys.argv[1] == "prefetch",
-              "PERSISTENT": flatten, "FLATTEN": flatten, "BLOCK_E": 32 if flatten else 16}
+              "UPCAST": False, "TMA": True, "PREFETCH_GRAD": sys.argv[1] == "prefetch"}
 source = ASTSource(fn=kernel, signature={**signature, **{c: "constexpr" for c in constexprs}},
                    constexprs={(kernel.arg_names.index(c),): v for c, v in constexprs.items()})
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
@@ -366,8 +351,7 @@ def test_weight_gradient_tma_path_compiles_for_sm_90(prefetch):
     import re
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_WGRAD_FOR_SM_90, prefetch, "per-tile", "tma"], env=env,
-                          capture_output=True,
+    done = subprocess.run([sys.executable, "-c", _COMPILE_WGRAD_FOR_SM_90, prefetch], env=env, capture_output=True,
                           text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr[-3000:]
     figures = {name.strip(): int(value) for name, value in re.findall(r"([A-Za-z0-9 ]+): (\d+)", done.stdout)}
@@ -376,17 +360,6 @@ def test_weight_gradient_tma_path_compiles_for_sm_90(prefetch):
     # prefetch only the expert's bounds are read before the MMAs
     tile_loads = figures["fp32 loads before the MMAs"] >= 128 * 128 // 256 // 4
     assert tile_loads == (prefetch == "prefetch")
-
-
-@pytest.mark.parametrize("loads", ["tma", "pointers"])
-def test_fused_persistent_weight_gradient_compiles_for_sm_90(loads):
-    """The persistent form with its tile and token loops fused (FLATTEN) compiles for Hopper, by TMA or by
-    pointers (Triton fuses the loops only because the token loop's bound is read before the tile loop)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_WGRAD_FOR_SM_90, "after", "flatten", loads], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert ("tma loads: 0 " in done.stdout) == (loads == "pointers")
 
 
 @pytest.mark.parametrize(("kmajor", "epilogue", "halves"),

@@ -161,24 +161,6 @@ def test_expert_backward_group_sweeps_the_new_knobs_beside_each_benched_entry(tm
             assert {p: v for p, [v] in spec.space.items()} == kernel.default_config(shape) | entry
 
 
-def test_wgrad_persistent_group_sweeps_both_schedules_beside_each_benched_entry(tmp_path, monkeypatch):
-    """Both weight gradients at the two expert-parallel shapes: a grid at one persistent program an SM, one at
-    two (128 registers), each with the loops apart and fused, and the one point that runs there now."""
-    run_main(monkeypatch, str(tmp_path), "wgrad-persistent")
-    specs = {p.stem: parse_spec(yaml.safe_load(p.read_text())) for p in tmp_path.glob("*.yaml")}
-    assert len(specs) == 12
-    for name, spec in specs.items():
-        [shape] = spec.resolved_shapes()
-        assert spec.kernel in ("expert_up_bwd_dw", "expert_down_bwd_dw")
-        assert (shape["tokens"], shape["experts"], shape["skew"]) in {(24576, 32, 0), (24576, 48, 0)}
-        if name.endswith("-grid"):
-            assert spec.space["PERSISTENT"] == [1] and spec.space["FLATTEN"] == [0, 1]
-        elif name.endswith("-grid-2"):
-            assert spec.space["PERSISTENT"] == [2] and spec.space["maxnreg"] == [128]
-        else:
-            assert name.endswith("-committed") and spec.space.get("PERSISTENT", [0]) == [0]
-
-
 def test_model_groups_sweep_the_launches_the_table_misses_with_the_trials_asked(tmp_path, monkeypatch, request):
     from kernels import tuning
     from tuner.train.model_shapes import model_launches

@@ -9,7 +9,7 @@
 # SWEEP_TRIALS=N: TPE trials a shape of the model groups (proxy-8l, v4-flash-ep8, v4-pro-ep8, proxy-8l-gemms;
 # default 12).
 # FASTEST="KERNEL ...": the export takes, for these kernels, the fastest winner of any of the group's sweeps
-# (groups that sweep a grid beside each shape's committed entry: gemm-warp-specialized, expert-backward, wgrad-persistent);
+# (groups that sweep a grid beside each shape's committed entry: gemm-warp-specialized, expert-backward);
 # otherwise the newest sweep's.
 # Usage (GPU host, bundle carried): source .gpubundle/install.sh && bash bench/gpu/sweep_group.sh [GROUP]
 set -uo pipefail
