@@ -2,8 +2,9 @@
 
 Same kernel (RMSNorm forward, V4-Flash 16384 x 4096 bf16), same configs (the space's grid
 after its constraints). The service runs twice: with its default timing (every config
-screened at warm-up 5 ms / rep 20 ms, the best 5 re-timed at 25 / 100 ms three times, interleaved, on
-both GPUs) and with every config timed at 25 / 100 ms like the autotuner. Each run gets an
+screened at warm-up 5 ms / rep 20 ms, stopped after a 4 ms probe when already over 1.25x the best so far,
+the best 5 re-timed at 25 / 100 ms three times, interleaved, on every GPU) and with every config timed
+whole at 25 / 100 ms like the autotuner. Each run gets an
 empty Triton cache and an empty database. The service runs as a user would run it (``tuner sweep run``, a
 local Ray on every GPU of the host, compilation ahead on the CPU workers); the autotuner
 compiles and benchmarks every config serially in this one process. Then the two winners
@@ -29,7 +30,7 @@ SPEC = f"""kernel: rmsnorm_fwd
 shapes: [{{tokens: {SHAPE['tokens']}, hidden: {SHAPE['hidden']}}}]
 strategy: {{name: grid}}
 """
-SERVICE_TIMINGS = {"default": "", "autotune_timing": "timing: {warmup_ms: 25, rep_ms: 100}\n"}
+SERVICE_TIMINGS = {"default": "", "autotune_timing": "timing: {warmup_ms: 25, rep_ms: 100, probe_cutoff: null}\n"}
 CHILD_COMPILE_S = 0.1  # a first call past this compiled in the benchmarking child; loading a compiled binary takes ms
 
 

@@ -139,6 +139,26 @@ def test_faulty_configs_are_recorded_and_the_sweep_completes(tmp_path, db_url, l
     assert len(study.trials) == 2
 
 
+def test_a_config_far_slower_than_the_best_stops_after_its_probe(tmp_path, db_url, local_ray):
+    """The default (MODE ok) is measured first and whole; the slow config (half a second a launch) is over
+    1.25x that best after its probe and stops there, with the probe's figures and no host time. With
+    ``probe_cutoff: null`` (another shape, so nothing is reused) it is timed whole. The winner is the same."""
+    timing = {**FAST_TIMING, "probe_ms": 2, "retime_top": 1}
+    for n, cutoff in ((100, 1.25), (101, None)):
+        spec = write_spec(tmp_path, f"probe-{n}.yaml", kernel="fault_probe", shapes=[{"n": n}],
+                          space={"MODE": ["ok", "slow"], "BLOCK": [32]}, strategy={"name": "grid"},
+                          timing={**timing, "probe_cutoff": cutoff})
+        code, out = invoke_tuner(db_url, "sweep", "run", str(spec))
+        assert code == 0 and "done" in out, out
+    for sweep_id, cutoff in ((1, 1.25), (2, None)):
+        rows = {r.config["MODE"]: r for r in trials_of(db_url, sweep_id)}
+        ok, slow = rows["ok"], rows["slow"]
+        assert ok.status == slow.status == "ok" and ok.is_winner and not slow.is_winner
+        assert "stopped_after_probe" not in ok.metrics
+        assert slow.median_ms > 1.25 * ok.median_ms
+        assert slow.metrics.get("stopped_after_probe", False) == (cutoff is not None)
+
+
 def test_killed_server_loses_nothing_and_reruns_nothing(tmp_path, db_url, local_ray):
     """Three slow configs (about 2.5 s each): the kill comes after the first, one is in flight and one
     waits, and the restarted server measures only those two."""
@@ -182,6 +202,7 @@ BAD_SPECS = [
     ({"kernel": "fault_probe", "shapes": [{"n": 100}], "budget": {"max_trials": -3}}, "budget.max_trials"),
     ({"kernel": "fault_probe", "shapes": [{"n": 100}], "arch": "sm_1"}, "unknown arch 'sm_1'"),
     ({"kernel": "fault_probe", "shapes": [{"n": 100}], "timing": {"rep_ms": "x"}}, "timing.rep_ms"),
+    ({"kernel": "fault_probe", "shapes": [{"n": 100}], "timing": {"probe_cutoff": 0.9}}, "timing.probe_cutoff"),
 ]
 
 

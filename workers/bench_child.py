@@ -28,7 +28,7 @@ from kernels.arch import INTERPRETER_ARCH, current_arch, kernel_device
 from workers.device_info import describe_device
 from workers.errors import error_text
 from workers.parent_watch import exit_with_parent
-from workers.timing import host_ms, measure
+from workers.timing import host_ms, measure, screen
 
 # Compile-time failures of a config (as opposed to faults of the process).
 try:
@@ -111,8 +111,10 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
     """Check one config against the reference, then time it. The metrics' ``phases_s`` say where the
     trial's seconds went: building the inputs (once per shape), the first call (loading the compiled
     binary, or compiling it where no compile worker did), the check, the timing and the host's time.
-    The host's time is taken only when ``request["host_time"]`` (default: yes): a sweep ranked by
-    device time has its few best configs' host times taken at their re-timing."""
+    The timing stops after its probe where the request's ``probe_ms`` and ``stop_over_ms`` say so
+    (``workers.timing.screen``; ``stopped_after_probe`` in the metrics). The host's time is taken only
+    when ``request["host_time"]`` (default: yes) and the timing ran whole: a sweep ranked by device time
+    has its few best configs' host times taken at their re-timing."""
     kernel = registry.get(request["kernel"])
     shape, config = request["shape"], request["config"]
     on_gpu = current_arch() != INTERPRETER_ARCH
@@ -139,10 +141,13 @@ def run_trial(request: dict[str, Any]) -> dict[str, Any]:
         return {"status": "wrong", "error": problem}
     phase("check")
     call = lambda: kernel.run(inputs, config)  # noqa: E731 - one call of the launch
-    timing = measure(call, request["warmup_ms"], request["rep_ms"], on_gpu, request.get("method", "events"))
+    timing, stopped = screen(call, request["warmup_ms"], request["rep_ms"], on_gpu, request.get("method", "events"),
+                             request.get("probe_ms", 0.0), request.get("stop_over_ms"))
     phase("timing")
     metrics: dict[str, Any] = {"gbps": kernel.bytes_moved(shape) / (timing.median_ms * 1e-3) / 1e9}
-    if on_gpu and request.get("host_time", True):  # the interpreter's calls are synchronous: no host time apart
+    if stopped:
+        metrics["stopped_after_probe"] = True
+    if on_gpu and request.get("host_time", True) and not stopped:  # the interpreter's calls are synchronous
         metrics["host_ms"] = host_ms(call)
         phase("host")
     if kernel.flops is not None:

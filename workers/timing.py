@@ -92,16 +92,13 @@ def host_ms(fn: Callable[[], object], calls: int = HOST_CALLS, rounds: int = HOS
     return min(samples)
 
 
-def measure(fn: Callable[[], object], warmup_ms: float, rep_ms: float, on_gpu: bool,
-            method: Method = "events") -> Timing:
-    """Median/p20/p80 of ``fn`` over repetitions filling about ``rep_ms`` after ``warmup_ms``."""
-    if on_gpu and method == "cudagraph":
-        return measure_graph(fn)
+def _samples(fn: Callable[[], object], warmup_ms: float, rep_ms: float, on_gpu: bool) -> list[float]:
+    """Milliseconds of each repetition of ``fn`` over about ``rep_ms`` after ``warmup_ms`` (by CUDA events on a
+    GPU, ``do_bench``; by wall clock on the interpreter, at least 3 and at most 100)."""
     if on_gpu:
         import triton.testing
 
-        samples = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
-        return _summarise([float(s) for s in samples])
+        return [float(s) for s in triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")]
     fn()  # the interpreter has nothing to warm up beyond the first call
     samples: list[float] = []
     deadline = time.perf_counter() + rep_ms / 1e3
@@ -109,5 +106,31 @@ def measure(fn: Callable[[], object], warmup_ms: float, rep_ms: float, on_gpu: b
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e3)
-    return _summarise(samples)
+    return samples
 
+
+def measure(fn: Callable[[], object], warmup_ms: float, rep_ms: float, on_gpu: bool,
+            method: Method = "events") -> Timing:
+    """Median/p20/p80 of ``fn`` over repetitions filling about ``rep_ms`` after ``warmup_ms``."""
+    if on_gpu and method == "cudagraph":
+        return measure_graph(fn)
+    return _summarise(_samples(fn, warmup_ms, rep_ms, on_gpu))
+
+
+def screen(fn: Callable[[], object], warmup_ms: float, rep_ms: float, on_gpu: bool, method: Method = "events",
+           probe_ms: float = 0.0, stop_over_ms: float | None = None) -> tuple[Timing, bool]:
+    """A sweep's timing of one config, and whether it stopped after its probe.
+
+    With ``stop_over_ms`` (a multiple of the shape's best so far) and ``probe_ms`` shorter than ``rep_ms``,
+    the first ``probe_ms`` of repetitions are a probe: a config whose probe median is already over
+    ``stop_over_ms`` stops there, with the probe's figures (it is no rival of the best, which the re-timing
+    decides among the closest); any other runs the rest of ``rep_ms``, the probe's samples counted in. Most
+    of a grid's configs are far from its best, and each then costs its probe, not the whole timing.
+    ``cudagraph`` timing is of a fixed count of replays: it is never cut short.
+    """
+    if stop_over_ms is None or not 0 < probe_ms < rep_ms or (on_gpu and method == "cudagraph"):
+        return measure(fn, warmup_ms, rep_ms, on_gpu, method), False
+    probe = _samples(fn, warmup_ms, probe_ms, on_gpu)
+    if statistics.median(probe) > stop_over_ms:
+        return _summarise(probe), True
+    return _summarise(probe + _samples(fn, 0.0, rep_ms - probe_ms, on_gpu)), False

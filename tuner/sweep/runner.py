@@ -150,6 +150,12 @@ class ShapeState:
     def shape(self) -> dict[str, int]:
         return self.facts.shape
 
+    def note(self, result: dict[str, Any]) -> None:
+        """Keep the best time of the shape's ok results (a trial's, or one reused)."""
+        if result["status"] == TrialStatus.ok.value:
+            median = result["median_ms"]
+            self.best_ms = median if self.best_ms is None else min(self.best_ms, median)
+
     @property
     def key(self) -> str:
         return self.facts.key
@@ -268,6 +274,14 @@ class SweepRunner:
                           best_ms=min(ok) if ok else None)
 
     # -- search loop -------------------------------------------------------------------
+    def _stop_over_ms(self, state: ShapeState) -> float | None:
+        """The probe median over which a trial stops after its probe: the spec's cut-off times the shape's
+        best so far (``workers.timing.screen``). None before a best, without a cut-off, and under rank eager."""
+        cutoff = self.timing.probe_cutoff
+        if cutoff is None or state.best_ms is None or self.timing.rank == "eager":
+            return None
+        return cutoff * state.best_ms
+
     def _may_propose(self, state: ShapeState, inflight: int) -> bool:
         if self.deadline is not None and time.monotonic() > self.deadline:
             return False
@@ -336,6 +350,7 @@ class SweepRunner:
                 request = {"kernel": self.facts.name, "shape": state.shape, "config": pending.config,
                            "seed": self.timing.input_seed, "atol": self.atol, "rtol": self.rtol,
                            "warmup_ms": self.timing.warmup_ms, "rep_ms": self.timing.rep_ms,
+                           "probe_ms": self.timing.probe_ms, "stop_over_ms": self._stop_over_ms(state),
                            "method": self.timing.method, "host_time": self.timing.rank == "eager"}
                 benching[self.pool.workers[worker].run_trial.remote(request, timeout_s)] = (pending, worker)
 
@@ -390,6 +405,8 @@ class SweepRunner:
                     else:
                         finished.append((pending, {"status": "crash", "error": f"the worker measuring it died "
                                                    f"{pending.requeues + 1} times"}, worker))
+            for _, result, _ in finished:  # the next trials' probe cut-off knows of the best just measured
+                state.note(result)
             dispatch()  # workers first, bookkeeping after
             for pending, result, worker in finished:
                 self._record(state, pending, result, worker)
@@ -481,8 +498,7 @@ class SweepRunner:
     def _tell(self, state: ShapeState, proposal: Proposal, status: str, median_ms: float | None) -> None:
         """Report a measured config to the search: its device time (host times are too noisy to steer it)."""
         state.source.report(proposal, status, median_ms)
-        if status == TrialStatus.ok.value:
-            state.best_ms = median_ms if state.best_ms is None else min(state.best_ms, median_ms)
+        state.note({"status": status, "median_ms": median_ms})
         self._report(state)
 
     def _recorded(self, session: Session, identity: str) -> Trial | None:

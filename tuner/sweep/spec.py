@@ -48,6 +48,10 @@ class TimingSettings(_Strict):
 
     warmup_ms: PositiveFloat = 5.0
     rep_ms: PositiveFloat = 20.0
+    probe_ms: PositiveFloat = Field(4.0, description="each config's first repetitions: one whose median is "
+                                    "already over probe_cutoff x the shape's best so far stops there")
+    probe_cutoff: float | None = Field(1.25, gt=1.0, description="null: every config timed whole; never under "
+                                       "rank eager, where a slower launch may still win on host time")
     trial_timeout_s: PositiveFloat = 120.0
     retime_top: int = Field(5, ge=1, le=INT64_MAX, description="best configs re-timed together at the end")
     retime_rounds: PositiveInt = Field(3, le=INT64_MAX)
