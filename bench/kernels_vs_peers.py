@@ -77,16 +77,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     save_partial = getattr(args, "save_partial", lambda _figures: None)  # the runner's; absent in a direct call
     rows: list[dict] = []
     unmeasured: list[dict[str, Any]] = []
-    for name, preset, shape in sorted(cells.values(), key=lambda c: c[2].get("seq", 0)):
+    ordered = sorted(cells.values(), key=lambda c: c[2].get("seq", 0))
+    for done, (name, preset, shape) in enumerate(ordered, start=1):
         try:
             rows.append({**bench_shape(name, shape, table, ceiling, with_peers=not args.no_peers), "preset": preset})
         except torch.cuda.OutOfMemoryError:
-            unmeasured.append({"kernel": name, "shape": registry.get(name).shape_key(shape),
-                               "reason": "out of device memory",
-                               "table_config": table_config(table, name, shape) is not None})
+            unmeasured.append(_unmeasured(table, name, shape, "out of device memory"))
         torch.cuda.empty_cache()
-        save_partial(summarize(rows, ceiling, table["entries"], args.gemm_tflops, unmeasured))
+        # the cells still to run count as not measured in the partial record: a run stopped here says so
+        pending = [_unmeasured(table, n, s, "not reached: the run stopped first") for n, _, s in ordered[done:]]
+        save_partial(summarize(rows, ceiling, table["entries"], args.gemm_tflops, unmeasured + pending))
     return summarize(rows, ceiling, table["entries"], args.gemm_tflops, unmeasured)
+
+
+def _unmeasured(table: dict, name: str, shape: dict[str, int], reason: str) -> dict[str, Any]:
+    """A cell not measured, why, and whether the table holds a config for it (``targets``: a tuned cell not
+    measured leaves the geomean incomplete)."""
+    return {"kernel": name, "shape": registry.get(name).shape_key(shape), "reason": reason,
+            "table_config": table_config(table, name, shape) is not None}
 
 
 def precompile(cells: list[tuple[str, dict[str, int]]], table: dict, workers: int) -> None:
@@ -371,7 +379,7 @@ def targets(rows: list[dict], copy_gbps: float, gemm_tflops: float,
         out.append({"target": "block kernels tuned over default, geomean of every cell >= 1.2x",
                     "measured": f"{every:.3f}x over {len(block) + untuned_unmeasured} cells ({untuned} without a "
                                 f"tuned config, counted at 1.00x"
-                                + (f", {untuned_unmeasured} of them out of memory here" if untuned_unmeasured else "")
+                                + (f", {untuned_unmeasured} of them not measured here" if untuned_unmeasured else "")
                                 + f"); {_geomean(swept):.3f}x over the {len(swept)} tuned"
                                 + (f"; {len(missing)} tuned cells not measured" if missing else ""),
                     "status": "incomplete" if missing else _status(every >= 1.2)})
