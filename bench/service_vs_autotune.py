@@ -70,8 +70,17 @@ def run_service(workdir: Path, name: str) -> dict:
             "trials": len(trials), "evaluated": len(benched), "statuses": {s: sum(t.status == s for t in trials) for s in {t.status for t in trials}},
             "gpu_busy_s": busy, "trial_phases_s": phases, "first_calls_over_100ms": len(by_child),
             "child_compile_s": sum(t.metrics["phases_s"]["first_call"] for t in by_child),
+            "compiled_ahead": _compiled_ahead([t.metrics["compile_s"] for t in trials if "compile_s" in t.metrics]),
             "last_child_compile_at_s": last_child_compile_s, "winner": winner.config, "winner_median_ms": winner.median_ms,
         }
+
+
+def _compiled_ahead(seconds: list[float]) -> dict[str, float]:
+    """How many configs the compile processes compiled ahead of the child, and the median and longest seconds a
+    compile took there: what bounds a sweep whose screening outruns them."""
+    if not seconds:
+        return {"configs": 0}
+    return {"configs": len(seconds), "median_s": statistics.median(seconds), "max_s": max(seconds)}
 
 
 def autotune_configs() -> list[dict]:

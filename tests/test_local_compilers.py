@@ -149,10 +149,14 @@ def test_a_sweep_compiles_ahead_in_the_local_processes(tmp_path, db_url, local_r
     code, out = invoke_tuner(db_url, "sweep", "run", str(spec))
     assert code == 0 and "done" in out, out
     with session_scope(open_database(db_url)) as session:
-        statuses = [t.status for t in session.scalars(select(Trial)).all()]
+        rows = session.scalars(select(Trial)).all()
+        statuses = [t.status for t in rows]
+        compiled_ahead = [t.metrics["compile_s"] for t in rows if "compile_s" in t.metrics]
     assert statuses and set(statuses) <= {"ok", "pruned"} and "ok" in statuses
     [compilers] = started
     assert compilers.answered >= 1  # configs the processes compiled for the sweep
+    # each config a compile process answered for keeps the seconds its compile took (or some went to Ray's tasks)
+    assert compiled_ahead and all(seconds >= 0 for seconds in compiled_ahead)
     assert not compilers.busy() and compilers.submit("rmsnorm_fwd", SHAPE, CONFIG) is None  # closed with the pool
 
 
@@ -171,9 +175,13 @@ def test_only_a_compile_error_is_the_configs_own(result, to_ready, worker_failed
 
     from tuner.sweep.runner import route_compiled
 
-    pending, ready, finished = object(), deque(), []
-    assert route_compiled(pending, result, ready, finished) is worker_failed
-    assert (list(ready), finished) == (([pending], []) if to_ready else ([], [(pending, result, None)]))
+    from types import SimpleNamespace
+
+    pending, ready, finished = SimpleNamespace(compile_s=None), deque(), []
+    assert route_compiled(pending, {**result, "seconds": 0.25}, ready, finished) is worker_failed
+    answer = {**result, "seconds": 0.25}
+    assert (list(ready), finished) == (([pending], []) if to_ready else ([], [(pending, answer, None)]))
+    assert pending.compile_s == 0.25  # the compile's seconds stay with the config, for its trial's metrics
 
 
 def test_ray_compile_workers_yield_the_cores_to_the_local_processes_once():

@@ -7,7 +7,7 @@ import argparse
 import pytest
 import torch
 
-from bench.service_vs_autotune import run, targets
+from bench.service_vs_autotune import _compiled_ahead, run, targets
 
 WINNER = {"BLOCK_M": 1, "BLOCK_D": 0, "num_warps": 8, "num_stages": 1, "maxnreg": 128}
 
@@ -42,3 +42,8 @@ def test_met_only_fast_busy_and_to_the_same_winner_for_the_sweep_and_the_command
 def test_a_host_without_a_gpu_is_refused() -> None:
     with pytest.raises(ValueError, match="none is visible"):
         run(argparse.Namespace(rounds=10))
+
+
+def test_the_compiles_ahead_are_counted_with_their_median_and_longest() -> None:
+    assert _compiled_ahead([0.2, 0.9, 0.4]) == {"configs": 3, "median_s": 0.4, "max_s": 0.9}
+    assert _compiled_ahead([]) == {"configs": 0}  # a sweep whose child compiled every config itself

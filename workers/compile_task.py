@@ -38,13 +38,15 @@ def yield_cores() -> None:
 
 @ray.remote(num_cpus=1, max_retries=0)
 def compile_config(kernel_name: str, shape: dict[str, int], config: dict[str, Any]) -> dict[str, Any]:
-    """``compile_one`` in a compile worker whose torch imports whole, else the worker's end."""
+    """``compile_one`` in a compile worker whose torch imports whole, else the worker's end; with the seconds
+    the compile took, as a local compile process answers them."""
     yield_cores()
     try:
         import torch  # noqa: F401 - the import compile_one makes first, here where its failure is the worker's
     except BaseException:  # noqa: BLE001 - a cancel's KeyboardInterrupt mid-import, or its earlier victim
         os._exit(1)
-    return compile_one(kernel_name, shape, config)
+    began = time.perf_counter()
+    return {**compile_one(kernel_name, shape, config), "seconds": time.perf_counter() - began}
 
 
 @ray.remote(num_cpus=1, max_retries=0)

@@ -89,6 +89,7 @@ class Pending:
     requeues: int = 0
     dispatched: float | None = None  # monotonic time its benchmark was handed to a device worker
     reported_slow: bool = False
+    compile_s: float | None = None  # what its compile ahead took, where a compile process answered
 
     @property
     def config(self) -> dict[str, Any]:
@@ -129,7 +130,9 @@ def route_compiled(pending: Pending, result: dict[str, Any], ready: deque[Pendin
     """Where a compile's answer sends its config: compiled, to the device workers (``ready``); a compile
     error, the config's own, to ``finished``. A compile worker that died or failed outside the compile (a
     cancel that cut its import short, the OS) says nothing of the config, which goes to the device workers
-    too: their child compiles it and answers for it. True in that last case."""
+    too: their child compiles it and answers for it. True in that last case. The compile's seconds, where
+    the answer has them, stay with the config (``compile_s`` in its trial's metrics)."""
+    pending.compile_s = result.get("seconds")
     if result["status"] == "compile_error":
         finished.append((pending, result, None))
         return False
@@ -521,7 +524,8 @@ class SweepRunner:
         """Commit a finished trial, then report it (a kill in between only repeats the report)."""
         info = self.pool.infos[worker] if worker is not None else {}
         metrics = {**result.get("metrics", {}), **({"busy_s": result["busy_s"]} if "busy_s" in result else {}),
-                   **({"requeued": pending.requeues} if pending.requeues else {})}
+                   **({"requeued": pending.requeues} if pending.requeues else {}),
+                   **({"compile_s": pending.compile_s} if pending.compile_s is not None else {})}
 
         attempts = 0
 
