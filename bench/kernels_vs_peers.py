@@ -365,9 +365,11 @@ def targets(rows: list[dict], copy_gbps: float, gemm_tflops: float,
         ours, share = max(t["default"], t.get("tuned", 0.0)), None
         if t.get("grouped_mm"):
             share = 100 * ours / t["grouped_mm"]
+        # without the peer timed (--no-peers) the share is unknown: the target is incomplete, not missed
         out.append({"target": "grouped expert GEMM forward >= 500 TFLOP/s and >= 90% of torch._grouped_mm",
-                    "measured": f"{ours:.0f} TFLOP/s" + (f", {share:.0f}%" if share else ""),
-                    "status": _status(ours >= 500 and (share or 0) >= 90)})
+                    "measured": f"{ours:.0f} TFLOP/s" + (f", {share:.0f}%" if share else "; torch._grouped_mm not timed"),
+                    "status": _status(ours >= 500 and share >= 90) if share else
+                    ("incomplete" if ours >= 500 else "missed")})
     block = [r for r in rows if r["kernel"] not in ATTENTION + FLOORED]
     unmeasured_block = [u for u in unmeasured if u["kernel"] not in ATTENTION + FLOORED]
     missing = [u for u in unmeasured_block if u["table_config"]]

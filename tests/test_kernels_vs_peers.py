@@ -64,6 +64,14 @@ def test_attention_and_gemm_targets_from_tflops() -> None:
     assert figures["attention"]["v4-flash CSA 4096"]["bwd tuned TFLOP/s"] == 149.0
 
 
+def test_the_gemm_target_without_its_peer_timed_is_incomplete_not_missed() -> None:
+    rows = [_row("expert_up_fwd", GEMM_TARGET_SHAPE, 1.1, 1.0, tflops={"default": 550.0, "tuned": 622.0})]
+    gemm = _by_target(summarize(rows, 4000.0, {}, 750.0))["grouped expert"]
+    assert gemm["measured"] == "622 TFLOP/s; torch._grouped_mm not timed" and gemm["status"] == "incomplete"
+    rows[0]["tflops"] = {"default": 450.0, "tuned": 480.0}
+    assert _by_target(summarize(rows, 4000.0, {}, 750.0))["grouped expert"]["status"] == "missed"
+
+
 def test_floors_and_parity_failures() -> None:
     shape = "batch=1,seq=4096,ratio=4,dim=128"
     rows = [_row("compressor_bwd", shape, 0.03, 0.0086, graph_ms={"default": 0.03, "tuned": 0.0086,
