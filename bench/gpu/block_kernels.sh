@@ -32,7 +32,9 @@ out = pathlib.Path(sys.argv[1])
 for path in (out / "kernels_vs_peers.json", out / "kernels_vs_peers.json.partial"):
     if path.exists():
         figures = json.loads(path.read_text())["figures"]
-        print(f"{path.name}: {figures['cells']} cells; not measured: {figures['cells not measured']}; "
+        missing = figures["cells not measured"]  # "none", or one line per cell (a partial record: every cell not reached)
+        print(f"{path.name}: {figures['cells']} cells measured; not measured: "
+              f"{missing if missing == 'none' else f'{len(missing)}, the first: {missing[0]}'}; "
               f"parity failures: {figures['parity failures']}")
         for row in figures["targets"]:
             print(f"  {row['status']:<10} {row['target']}: {row['measured']}")
