@@ -1,24 +1,35 @@
-"""A local compile process of a worker pool, started before Ray so that its imports overlap Ray's start.
+"""A pool's local compile processes, forked from one process that imported torch, Triton and the kernels once.
 
 The Ray tasks that compile a sweep's configs ahead of its benchmarking child (``workers.compile_task``) can
 only start once Ray is up, in worker processes Ray starts then, which import torch, Triton and the kernels
 and open the GPU after that: on one H100 they were ready 7.9 s after the pool's start began, 3.2 s after
 its device worker, and until then the child compiled every config itself (docs/findings.md). A pool that
-starts its own Ray therefore also starts a few of these processes first (``workers.local_compilers``).
+starts its own Ray therefore also starts these processes first (``workers.local_compilers``).
 
-``python -m workers.compile_server POOL_PID [PROBLEM]``: imports the kernels and opens the GPU, with
-``PROBLEM`` (JSON: the sweep's first kernel and shape) compiles that kernel's heuristic default there, writes
-one JSON line ``{"ready_at": <wall clock>}``, then answers each JSON line ``{"kernel", "shape", "config"}`` on stdin
-with one line, ``workers.compiler.compile_one``'s result plus the seconds it took. It ends at the end of
-its input or when the pool's process dies.
+Eight processes that each imported torch on their own spent some 25 s of CPU on the same imports while
+Ray and the benchmarking child started beside them, and were ready 7.3 s into the pool's start on a
+16-core H100 host (docs/findings.md). So one process, the zygote, imports once and forks the compile
+processes, before anything opens the GPU (a CUDA context does not survive a fork): each child opens its
+own.
+
+``python -m workers.compile_server POOL_PID CHANNELS [PROBLEM]``: ``CHANNELS`` is a JSON list of
+``[request_fd, answer_fd]`` pairs, one per compile process, inherited from the pool. The zygote forks a
+child per pair and then only reaps its children: it ends with the pool, and they with it; on SIGTERM it
+ends them all at once. Each child opens the GPU, with ``PROBLEM`` (JSON: the sweep's first kernel and
+shape) compiles that kernel's heuristic default, writes ``{"ready_at": <wall clock>, "pid": <its pid>}``,
+then answers each JSON line ``{"kernel", "shape", "config"}`` of its request pipe with one line,
+``workers.compiler.compile_one``'s result plus the seconds it took. It ends at the end of its requests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
+import traceback
 from typing import Any
 
 from workers.errors import error_text
@@ -27,30 +38,74 @@ from workers.parent_watch import exit_with_parent
 NICENESS = 5  # added to the pool's priority: the benchmarking child, at the pool's own, comes first
 
 
-def serve(parent: int, problem: dict[str, Any] | None = None) -> None:
-    """Warm up, then compile what stdin asks, one request at a time. A process's first compile costs
-    seconds of Triton's own set-up (hashing its sources, loading its backend, the kernel's dependencies):
-    compiling ``problem``'s default pays them before the sweep asks, and puts the config a sweep measures
-    first into the cache."""
-    exit_with_parent(parent)
+def zygote(parent: int, channels: list[tuple[int, int]], problem: dict[str, Any] | None = None) -> None:
+    """Import what a compile needs, once, then fork one compile process per channel and reap them."""
     # The pool's benchmarking child starts beside these processes and is what the sweep waits for: they
     # yield it the cores (a lower priority) and keep to one thread each, as Ray's compile workers do (a
     # compile's CPU work is Triton's, single-threaded). With eight of them at torch's default, a thread a
     # core each while they drew their first problem's inputs, the child was ready 1.6 s later than without
     # them (H100, 16 cores: 6.1 against 4.5 s into the pool's start).
-    os.nice(NICENESS)  # and OMP_NUM_THREADS=1 from ``LocalCompilers.start``, read by torch's import
-    # the answers keep stdout to themselves: whatever the libraries print (a compiler's warnings) goes to stderr
-    answers = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
+    os.nice(NICENESS)  # inherited by the children, as OMP_NUM_THREADS=1 from ``LocalCompilers.start`` is
+    os.dup2(2, 1)  # whatever the libraries print (a compiler's warnings) goes to stderr, never to an answer pipe
     sys.stdout = sys.stderr
+    import torch
+
+    from kernels import registry
+
+    torch.set_num_threads(1)
+    registry.names()
+    children: list[int] = []
+    stopping = False
+
+    def stop(_signum: int, _frame: Any) -> None:
+        """The pool's ``LocalCompilers.kill_all``: every child ends now, mid-compile or not."""
+        nonlocal stopping
+        stopping = True
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, stop)
+    # no thread runs here until every child is forked: only the forking thread survives a fork
+    for index, (requests, answers) in enumerate(channels):
+        if stopping:
+            break
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            for later_requests, later_answers in channels[index + 1:]:  # the pool's to hand to the next children
+                os.close(later_requests)
+                os.close(later_answers)
+            try:
+                serve(requests, answers, problem)
+            except BaseException:  # noqa: BLE001 - said on stderr; the pool meets the end of its answers
+                traceback.print_exc()
+                os._exit(1)
+            os._exit(0)  # not the zygote's loop, nor its interpreter's exit
+        children.append(pid)
+        os.close(requests)
+        os.close(answers)
+    exit_with_parent(parent)  # and the children with this process (``serve``)
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:  # every child has ended
+            return
+
+
+def serve(requests_fd: int, answers_fd: int, problem: dict[str, Any] | None = None) -> None:
+    """Warm up, then compile what the request pipe asks, one request at a time. A process's first compile
+    costs seconds of Triton's own set-up (hashing its sources, loading its backend, the kernel's
+    dependencies): compiling ``problem``'s default pays them before the sweep asks, and puts the config a
+    sweep measures first into the cache."""
+    exit_with_parent()  # the zygote, which ends with the pool
     import torch
 
     from kernels import registry
     from kernels.arch import kernel_device
     from workers.compiler import compile_one
 
-    torch.set_num_threads(1)
-    registry.names()
+    answers = os.fdopen(answers_fd, "w", buffering=1)
     if torch.cuda.is_available():
         torch.empty(1, device=kernel_device())  # the device context, which a compile's inputs need
     if problem is not None:
@@ -59,8 +114,8 @@ def serve(parent: int, problem: dict[str, Any] | None = None) -> None:
             compile_one(problem["kernel"], problem["shape"], default)
         except Exception:  # noqa: BLE001, S110 - the sweep's own compiles meet and report what failed here
             pass
-    print(json.dumps({"ready_at": time.time()}), file=answers, flush=True)
-    for line in sys.stdin:
+    print(json.dumps({"ready_at": time.time(), "pid": os.getpid()}), file=answers, flush=True)
+    for line in os.fdopen(requests_fd):
         request = json.loads(line)
         began = time.perf_counter()
         try:
@@ -71,4 +126,5 @@ def serve(parent: int, problem: dict[str, Any] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)
+    zygote(int(sys.argv[1]), [tuple(pair) for pair in json.loads(sys.argv[2])],
+           json.loads(sys.argv[3]) if len(sys.argv) > 3 else None)
