@@ -153,6 +153,9 @@ def test_a_sweep_compiles_ahead_in_the_local_processes(tmp_path, db_url, local_r
         pool = start(cls, *args, **kwargs)
         pool.local_compilers = LocalCompilers.start(2, INTERPRET, {"kernel": "rmsnorm_fwd", "shape": SHAPE})
         started.append(pool.local_compilers)
+        # ready before the sweep, as on a GPU host, where they start before Ray: here they start after the
+        # pool, and on a loaded machine a sweep of six interpreted configs could end before they were up
+        _until_ready(pool.local_compilers, 2)
         return pool
 
     monkeypatch.setattr(WorkerPool, "start", classmethod(start_with_local_compilers))
