@@ -15,8 +15,7 @@ from workers import compile_server
 
 
 def act(requests_fd: int, answers_fd: int, _problem: object = None) -> None:
-    channels = [tuple(pair) for pair in json.loads(sys.argv[2])]
-    index = next(i for i, pair in enumerate(channels) if pair[0] == requests_fd)
+    index = next(i for i, pair in enumerate(compile_server.channels_of(sys.argv)) if pair[0] == requests_fd)
     behaviour = os.environ["FAKE_COMPILERS"].split(",")[index]
     answers = os.fdopen(answers_fd, "w", buffering=1)
     if behaviour == "mute":
@@ -31,4 +30,4 @@ def act(requests_fd: int, answers_fd: int, _problem: object = None) -> None:
 
 if __name__ == "__main__":
     compile_server.serve = act
-    compile_server.zygote(int(sys.argv[1]), [tuple(pair) for pair in json.loads(sys.argv[2])])
+    compile_server.main(sys.argv)

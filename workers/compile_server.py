@@ -6,9 +6,9 @@ and open the GPU after that: on one H100 they were ready 7.9 s after the pool's 
 its device worker, and until then the child compiled every config itself (docs/findings.md). A pool that
 starts its own Ray therefore also starts these processes first (``workers.local_compilers``).
 
-Eight processes that each imported torch on their own spent some 25 s of CPU on the same imports while
-Ray and the benchmarking child started beside them, and were ready 7.3 s into the pool's start on a
-16-core H100 host (docs/findings.md). So one process, the zygote, imports once and forks the compile
+Eight processes that each imported torch on their own paid the same imports eight times while Ray and
+the benchmarking child started beside them, and were ready 7.3 s into the pool's start on a 16-core H100
+host (docs/findings.md). So one process, the zygote, imports once and forks the compile
 processes, before anything opens the GPU (a CUDA context does not survive a fork): each child opens its
 own.
 
@@ -125,6 +125,15 @@ def serve(requests_fd: int, answers_fd: int, problem: dict[str, Any] | None = No
         print(json.dumps({**result, "seconds": time.perf_counter() - began}), file=answers, flush=True)
 
 
+def channels_of(argv: list[str]) -> list[tuple[int, int]]:
+    """The ``CHANNELS`` of a command line: the pipes' descriptors, request then answer, one pair a process."""
+    return [tuple(pair) for pair in json.loads(argv[2])]
+
+
+def main(argv: list[str]) -> None:
+    """``python -m workers.compile_server POOL_PID CHANNELS [PROBLEM]``."""
+    zygote(int(argv[1]), channels_of(argv), json.loads(argv[3]) if len(argv) > 3 else None)
+
+
 if __name__ == "__main__":
-    zygote(int(sys.argv[1]), [tuple(pair) for pair in json.loads(sys.argv[2])],
-           json.loads(sys.argv[3]) if len(sys.argv) > 3 else None)
+    main(sys.argv)

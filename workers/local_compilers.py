@@ -78,11 +78,12 @@ class LocalCompilers:
         # one thread each (``workers.compile_server``: why); and torch's CUDA check by NVML, which leaves the
         # driver unopened: a zygote that opened it would fork children that cannot
         env = {**env, "OMP_NUM_THREADS": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+        inherited = [fd for pair in theirs for fd in pair]
         try:
-            zygote = subprocess.Popen(argv, env=env, pass_fds=[fd for pair in theirs for fd in pair],
+            zygote = subprocess.Popen(argv, env=env, pass_fds=inherited,
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         finally:  # theirs alone now: a process's answer pipe ends (EOF) when it dies
-            for fd in (fd for pair in theirs for fd in pair):
+            for fd in inherited:
                 os.close(fd)
         return cls(zygote, processes)
 
