@@ -54,10 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Compile every (launch, shape, config) asked for ``args.arch``; one row per compiled Triton kernel."""
-    import os
+    from kernels.offline import compile_for
 
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        raise ValueError("TRITON_INTERPRET=1 runs kernels in the interpreter, which compiles nothing: unset it")
     if args.configs not in ("default", "table", "space"):
         try:
             named = json.loads(args.configs)
@@ -65,7 +63,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--configs: neither default, table, space nor a JSON object ({exc})") from None
         if not isinstance(named, dict) or not all(isinstance(c, dict) for c in named.values()):
             raise ValueError("--configs: a JSON object mapping a name to a config object")
-    use_offline_arch(args.arch)
+    compile_for(args.arch)
     record_launches()
     import torch
 
@@ -105,38 +103,6 @@ def _configs(kernel: Any, shape: dict[str, int], args: argparse.Namespace) -> di
         entry = table["entries"].get(kernel.name, {}).get(kernel.shape_key(shape))
         return {"default": default, **({"tuned": {**default, **entry["config"]}} if entry else {})}
     return {variant: {**default, **config} for variant, config in json.loads(args.configs).items()}
-
-
-class _OfflineDriver:
-    """The little of Triton's driver that its JIT needs to compile (not launch) for a GPU it does not have."""
-
-    def __init__(self, arch: str) -> None:
-        from triton.backends.compiler import GPUTarget
-
-        from kernels.arch import backend_of
-
-        self.target = (GPUTarget("hip", arch, 64) if backend_of(arch) == "hip"
-                       else GPUTarget("cuda", int(arch.removeprefix("sm_")), 32))
-
-    def get_current_target(self) -> Any:
-        return self.target
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device: int | None = None) -> int:
-        return 0
-
-
-def use_offline_arch(arch: str) -> None:
-    """Make the JIT compile for ``arch`` and the kernels believe they run there."""
-    import kernels.arch
-    from triton.runtime.driver import driver
-
-    if not re.fullmatch(r"sm_\d+|gfx\w+", arch):
-        raise ValueError(f"--arch: {arch!r} is neither sm_NN nor gfxNNN")
-    driver.set_active(_OfflineDriver(arch))
-    kernels.arch.current_arch = lambda: arch
 
 
 def record_launches() -> None:

@@ -17,7 +17,9 @@ Two measurements, each in fresh processes with an empty database:
   last device worker's actor started and the last pre-warmed child it adopted was ready (whichever is
   later is what the workers' step waited on), how long a child spent preparing the sweep's first
   problem, as ``tuner sweep run`` has it do, and on a GPU host when the last compile worker had warmed
-  up (``compile_workers_ready_s``; the benchmarking child compiles its configs itself until then).
+  up (``compile_workers_ready_s``; the benchmarking child compiles its configs itself until then) and
+  the last local compile process was ready (``local_compilers_ready_s``); ``local_compilers_offline_arch``:
+  the arch those processes compiled for without opening the GPU, or null where they opened it.
 
 The sweep is small on purpose (``--trials`` configs of RMSNorm forward at one shape): the figure
 is what surrounds it. Without a GPU the kernels run under the Triton interpreter on a small shape.
@@ -77,10 +79,11 @@ status = run_sweep(engine, sys.argv[2], sweep_id, owner, pool)
 step("sweep_s")
 pool.note_compile_workers_ready()
 step("waiting_for_compile_workers_s")  # the benchmark's own wait, which the command never makes
+offline_arch = pool.local_compilers.offline_arch if pool.local_compilers is not None else None
 pool.shutdown()
 step("shutdown_s")
 print(json.dumps({"steps": steps, "pool": pool.timings, "milestones": pool.milestones, "arch": pool.arch, "workers": len(pool.workers),
-                  "status": status.value, "total_s": clock() - began}))
+                  "local_compilers_offline_arch": offline_arch, "status": status.value, "total_s": clock() - began}))
 """
 
 
@@ -229,6 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"targets": targets(median, joined, gpu), "command": median, "command_joining_a_running_ray": joined,
             "steps": steps, "pool_start": pool, "pool_start_milestones": milestones,
             "arch": probes[0]["arch"], "workers": probes[0]["workers"], "trials": args.trials, "runs": args.runs,
+            "local_compilers_offline_arch": probes[0]["local_compilers_offline_arch"],
             "shape": GPU_SHAPE if gpu else CPU_SHAPE, "target_overhead_s": TARGET_OVERHEAD_S,
             "overhead_within_target": median["overhead_s"] <= TARGET_OVERHEAD_S,
             "joining_overhead_within_target": joined["overhead_s"] <= TARGET_OVERHEAD_S if joined else None,

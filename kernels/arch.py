@@ -11,6 +11,7 @@ if TYPE_CHECKING:  # torch is imported by the functions that need it: the CLI re
     import torch
 
 INTERPRETER_ARCH = "interp"
+_offline_arch: str | None = None  # set by ``kernels.offline.compile_for``: this process compiles for it, runs nothing
 
 
 def interpreter_active() -> bool:
@@ -20,7 +21,10 @@ def interpreter_active() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def current_arch() -> str:
-    """``sm_90`` on an H100/H200, ``gfx942``-style names on AMD, ``interp`` on the CPU interpreter."""
+    """``sm_90`` on an H100/H200, ``gfx942``-style names on AMD, ``interp`` on the CPU interpreter; in a
+    process that compiles offline (``kernels.offline``), the arch it compiles for."""
+    if _offline_arch is not None:
+        return _offline_arch
     if interpreter_active():
         return INTERPRETER_ARCH
     import torch
@@ -57,10 +61,16 @@ def backend_of(arch: str) -> str:
     return "hip" if arch.startswith("gfx") else "cuda"
 
 
+def offline_arch() -> str | None:
+    """The arch this process compiles for without its GPU (``kernels.offline.compile_for``), else None."""
+    return _offline_arch
+
+
 def kernel_device() -> torch.device:
-    """The device kernel inputs live on: the GPU, or the CPU under the interpreter."""
+    """The device kernel inputs live on: the GPU, or the CPU under the interpreter and where the process
+    compiles offline (a compile reads the inputs' dtypes, alignment and sizes, never their memory)."""
     import torch
 
-    if current_arch() == INTERPRETER_ARCH:
+    if current_arch() == INTERPRETER_ARCH or _offline_arch is not None:
         return torch.device("cpu")
     return torch.device("cuda", torch.cuda.current_device())

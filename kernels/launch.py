@@ -43,7 +43,8 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.arch import INTERPRETER_ARCH, backend_of, current_arch
+from kernels.arch import INTERPRETER_ARCH, backend_of, current_arch, offline_arch
+from kernels.offline import build_launcher
 
 # Read at each launch, so that a benchmark can time both paths in one process.
 CACHE_COMPILED = os.environ.get("TUNER_LAUNCH_CACHE", "1") != "0"
@@ -169,7 +170,8 @@ def launch(
     config: dict[str, Any],
     compile_only: bool = False,
 ) -> None:
-    """Launch ``kernel``, or with ``compile_only`` just compile it into Triton's cache.
+    """Launch ``kernel``, or with ``compile_only`` just compile it into Triton's cache (and load it on the
+    GPU, or in a process that compiles offline, ``kernels.offline``, build its launcher).
 
     Running and compiling share this one call so that the binary a sweep compiles ahead
     of time is exactly the one its launch later finds in the cache. The interpreter has
@@ -185,7 +187,11 @@ def launch(
     if compile_only:
         if current_arch() != INTERPRETER_ARCH:
             with _compiling_with(kernel, environment):
-                _load(kernel.warmup(*args, grid=grid, **options))
+                compiled = kernel.warmup(*args, grid=grid, **options)
+            if offline_arch() is None:
+                _load(compiled)
+            else:  # no GPU to load it on: what the load would build from C, built here all the same
+                build_launcher(compiled.result() if hasattr(compiled, "result") else compiled)
     elif all(grid):
         key = _launch_key(kernel, args, options, environment) if CACHE_COMPILED else None
         try:

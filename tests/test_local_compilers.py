@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -121,6 +122,53 @@ def test_a_first_problem_that_fails_to_compile_leaves_the_process_serving():
         assert answered is handle and result["status"] == "ok"
     finally:
         compilers.close()
+
+
+def _cubins(cache: pathlib.Path) -> set[str]:
+    """The compiled kernels in a Triton cache: one folder, named by its key, each."""
+    return {path.parent.name for path in cache.rglob("*.cubin")}
+
+
+def test_on_an_nvidia_host_they_compile_for_its_arch_without_opening_it(tmp_path):
+    """``nvidia-smi`` names one arch (a stand-in here, on a host without a GPU): the zygote compiles the
+    sweep's first config for it once, before forking, and each process then compiles the configs it is
+    handed for that arch into Triton's cache, which a launch on the GPU reads (docs/findings.md)."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text("#!/bin/sh\necho 9.0\n")
+    (tools / "nvidia-smi").chmod(0o755)
+    cache = tmp_path / "triton-cache"
+    env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}", "TRITON_CACHE_DIR": str(cache)}
+    env.pop("TRITON_INTERPRET", None)
+    compilers = LocalCompilers.start(2, env, {"kernel": "rmsnorm_fwd", "shape": SHAPE})
+    try:
+        _until_ready(compilers, 2)
+        assert compilers.offline_arch == "sm_90"
+        warmed = _cubins(cache)
+        assert len(warmed) == 1  # the first config's, compiled by the zygote alone
+        handles = [compilers.submit("rmsnorm_fwd", SHAPE, {**CONFIG, "num_warps": warps}) for warps in (2, 4)]
+        answers = _answers(compilers, 2)
+        assert {handle.process for handle, _ in answers} == {h.process for h in handles}
+        assert [result["status"] for _, result in answers] == ["ok", "ok"]
+        assert len(_cubins(cache) - warmed) == 2
+    finally:
+        compilers.close()
+
+
+@pytest.mark.parametrize("listed, arch", [("9.0\n", "sm_90"), ("9.0\n9.0\n", "sm_90"), ("9.0\n10.0\n", None),
+                                          ("[N/A]\n", None), ("", None)])
+def test_the_arch_compiled_for_is_the_one_every_gpu_has(listed: str, arch: str | None) -> None:
+    from workers.compile_server import _queried_arch
+
+    query = subprocess.Popen(["printf", listed], stdout=subprocess.PIPE, text=True)
+    assert _queried_arch(query) == arch
+
+
+def test_no_arch_where_nvidia_smi_fails_or_is_missing() -> None:
+    from workers.compile_server import _queried_arch
+
+    assert _queried_arch(subprocess.Popen(["false"], stdout=subprocess.PIPE, text=True)) is None
+    assert _queried_arch(None) is None
 
 
 def test_kill_all_ends_every_process_at_once_and_close_reaps_them():

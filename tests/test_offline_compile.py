@@ -98,4 +98,4 @@ def test_bad_configs_are_refused_before_compiling(configs: str, message: str, mo
 def test_the_interpreter_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(ValueError, match="unset it"):
-        run(argparse.Namespace(configs="default"))
+        run(argparse.Namespace(arch="sm_90", configs="default"))

@@ -12,13 +12,21 @@ host (docs/findings.md). So one process, the zygote, imports once and forks the 
 processes, before anything opens the GPU (a CUDA context does not survive a fork): each child opens its
 own.
 
+Fourteen children that each opened a CUDA context at once made the benchmarking child's own take 1.91 s
+to open, against 0.35 s beside none (one H100 host). So on an NVIDIA host the zygote compiles offline
+(``kernels.offline``): for the arch ``nvidia-smi`` names, inputs on the host, no GPU context anywhere; and
+it compiles the sweep's first config before it forks, so that Triton's own set-up is paid once and every
+child is ready the moment it exists. Where ``nvidia-smi`` names no single arch (an AMD host, mixed GPUs),
+each child opens the GPU and warms up itself, as before.
+
 ``python -m workers.compile_server POOL_PID CHANNELS [PROBLEM]``: ``CHANNELS`` is a JSON list of
 ``[request_fd, answer_fd]`` pairs, one per compile process, inherited from the pool. The zygote forks a
 child per pair and then only reaps its children: it ends with the pool, and they with it; on SIGTERM it
-ends them all at once. Each child opens the GPU, with ``PROBLEM`` (JSON: the sweep's first kernel and
-shape) compiles that kernel's heuristic default, writes ``{"ready_at": <wall clock>, "pid": <its pid>}``,
-then answers each JSON line ``{"kernel", "shape", "config"}`` of its request pipe with one line,
-``workers.compiler.compile_one``'s result plus the seconds it took. It ends at the end of its requests.
+ends them all at once. ``PROBLEM`` (JSON: the sweep's first kernel and shape) is what the warm-up compiles:
+that kernel's heuristic default. Each child, once warm, writes ``{"ready_at": <wall clock>, "pid": <its
+pid>, "offline_arch": <the arch, or null on the GPU>}``, then answers each JSON line ``{"kernel", "shape",
+"config"}`` of its request pipe with one line, ``workers.compiler.compile_one``'s result plus the seconds
+it took. It ends at the end of its requests.
 """
 
 from __future__ import annotations
@@ -26,7 +34,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -36,6 +46,7 @@ from workers.errors import error_text
 from workers.parent_watch import exit_with_parent
 
 NICENESS = 5  # added to the pool's priority: the benchmarking child, at the pool's own, comes first
+ARCH_QUERY = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"]  # opens no CUDA context
 
 
 def zygote(parent: int, channels: list[tuple[int, int]], problem: dict[str, Any] | None = None) -> None:
@@ -48,12 +59,19 @@ def zygote(parent: int, channels: list[tuple[int, int]], problem: dict[str, Any]
     os.nice(NICENESS)  # inherited by the children, as OMP_NUM_THREADS=1 from ``LocalCompilers.start`` is
     os.dup2(2, 1)  # whatever the libraries print (a compiler's warnings) goes to stderr, never to an answer pipe
     sys.stdout = sys.stderr
+    arch_query = _start_arch_query()  # beside the imports
     import torch
 
     from kernels import registry
 
     torch.set_num_threads(1)
     registry.names()
+    arch = _queried_arch(arch_query)
+    if arch is not None:
+        from kernels.offline import compile_for
+
+        compile_for(arch)
+        _warm_up(problem)
     children: list[int] = []
     stopping = False
 
@@ -77,7 +95,7 @@ def zygote(parent: int, channels: list[tuple[int, int]], problem: dict[str, Any]
                 os.close(later_requests)
                 os.close(later_answers)
             try:
-                serve(requests, answers, problem)
+                serve(requests, answers, None if arch is not None else problem)
             except BaseException:  # noqa: BLE001 - said on stderr; the pool meets the end of its answers
                 traceback.print_exc()
                 os._exit(1)
@@ -93,28 +111,64 @@ def zygote(parent: int, channels: list[tuple[int, int]], problem: dict[str, Any]
             return
 
 
+def _start_arch_query() -> subprocess.Popen | None:
+    """Ask ``nvidia-smi`` for the GPUs' compute capabilities; None where it is not installed."""
+    try:
+        return subprocess.Popen(ARCH_QUERY, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+    except OSError:
+        return None
+
+
+def _queried_arch(query: subprocess.Popen | None) -> str | None:
+    """``sm_90`` where every GPU ``nvidia-smi`` lists has compute capability 9.0; None where it failed,
+    listed none, or listed several."""
+    if query is None:
+        return None
+    try:
+        listed, _ = query.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        query.kill()
+        query.wait()
+        return None
+    capabilities = set(listed.split())
+    if query.returncode or len(capabilities) != 1:
+        return None
+    match = re.fullmatch(r"(\d+)\.(\d+)", capabilities.pop())
+    return f"sm_{match.group(1)}{match.group(2)}" if match else None
+
+
+def _warm_up(problem: dict[str, Any] | None) -> None:
+    """Compile ``problem``'s heuristic default. A process's first compile costs seconds of Triton's own set-up
+    (hashing its sources, loading its backend, the kernel's dependencies): this pays them before the sweep
+    asks, and puts the config a sweep measures first into the cache."""
+    from kernels import registry
+    from workers.compiler import compile_one
+
+    if problem is None:
+        return
+    try:
+        default = registry.get(problem["kernel"]).default_config(problem["shape"])
+        compile_one(problem["kernel"], problem["shape"], default)
+    except Exception:  # noqa: BLE001, S110 - the sweep's own compiles meet and report what failed here
+        pass
+
+
 def serve(requests_fd: int, answers_fd: int, problem: dict[str, Any] | None = None) -> None:
-    """Warm up, then compile what the request pipe asks, one request at a time. A process's first compile
-    costs seconds of Triton's own set-up (hashing its sources, loading its backend, the kernel's
-    dependencies): compiling ``problem``'s default pays them before the sweep asks, and puts the config a
-    sweep measures first into the cache."""
+    """Warm up (open the GPU where this process compiles on it, and compile ``problem``'s default), then
+    compile what the request pipe asks, one request at a time."""
     exit_with_parent()  # the zygote, which ends with the pool
     import torch
 
-    from kernels import registry
-    from kernels.arch import kernel_device
+    from kernels.arch import kernel_device, offline_arch
     from workers.compiler import compile_one
 
     answers = os.fdopen(answers_fd, "w", buffering=1)
-    if torch.cuda.is_available():
+    if kernel_device().type == "cuda":
         torch.empty(1, device=kernel_device())  # the device context, which a compile's inputs need
-    if problem is not None:
-        try:
-            default = registry.get(problem["kernel"]).default_config(problem["shape"])
-            compile_one(problem["kernel"], problem["shape"], default)
-        except Exception:  # noqa: BLE001, S110 - the sweep's own compiles meet and report what failed here
-            pass
-    print(json.dumps({"ready_at": time.time(), "pid": os.getpid()}), file=answers, flush=True)
+    _warm_up(problem)
+    print(json.dumps({"ready_at": time.time(), "pid": os.getpid(), "offline_arch": offline_arch()}),
+          file=answers, flush=True)
     for line in os.fdopen(requests_fd):
         request = json.loads(line)
         began = time.perf_counter()

@@ -49,6 +49,7 @@ class _Process:
     current: LocalCompile | None = None
     abandoned: bool = False  # the current config went to the benchmarking child: its answer is dropped
     ready_at: float | None = None
+    offline_arch: str | None = None  # the arch it compiles for without the GPU, as it told when ready
     buffer: bytes = b""
 
 
@@ -100,6 +101,12 @@ class LocalCompilers:
     def ready_times(self) -> list[float]:
         """The wall clock at which each process that has said so was ready."""
         return [p.ready_at for p in self._processes if p.ready_at is not None]
+
+    @property
+    def offline_arch(self) -> str | None:
+        """The arch the ready processes compile for without opening the GPU (``workers.compile_server``);
+        None while none is ready, or where they compile on the GPU."""
+        return next((p.offline_arch for p in self._processes if p.ready_at is not None), None)
 
     def busy(self) -> bool:
         """Whether any process is still starting or compiling: something to poll for."""
@@ -162,6 +169,7 @@ class LocalCompilers:
                     continue
                 if process.state == "starting":
                     process.state, process.ready_at, process.pid = "idle", message["ready_at"], message["pid"]
+                    process.offline_arch = message.get("offline_arch")
                 elif process.current is not None:
                     handle, abandoned = process.current, process.abandoned
                     process.state, process.current = "idle", None
