@@ -11,7 +11,7 @@ if TYPE_CHECKING:  # torch is imported by the functions that need it: the CLI re
     import torch
 
 INTERPRETER_ARCH = "interp"
-_offline_arch: str | None = None  # set by ``kernels.offline.compile_for``: this process compiles for it, runs nothing
+_offline_arch: str | None = None  # ``set_offline_arch``: this process compiles for it, runs nothing
 
 
 def interpreter_active() -> bool:
@@ -59,6 +59,13 @@ def as_interpreter() -> Iterator[None]:
 def backend_of(arch: str) -> str:
     """The Triton backend that compiles for ``arch``: ``hip`` for AMD's ``gfx`` names, else ``cuda``."""
     return "hip" if arch.startswith("gfx") else "cuda"
+
+
+def set_offline_arch(arch: str) -> None:
+    """From now on ``current_arch()`` is ``arch`` and kernel inputs live on the CPU (``kernels.offline.compile_for``)."""
+    global _offline_arch
+    _offline_arch = arch
+    current_arch.cache_clear()
 
 
 def offline_arch() -> str | None:

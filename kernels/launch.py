@@ -155,8 +155,12 @@ def _load(compiled: Any) -> None:
     (the driver's helper module and the argument launcher, compiled from C on a fresh cache) is built here,
     by the compile worker, not in the benchmarking child's first call; and a config beyond the device's
     registers or shared memory fails its compile (``OutOfResources``), not its first launch. Through a
-    Triton internal: where a version lacks it, the launch does this itself, as before."""
+    Triton internal: where a version lacks it, the launch does this itself, as before. In a process that
+    compiles offline (``kernels.offline``) there is no GPU to load on: the helper and launcher are built alone."""
     compiled = compiled.result() if hasattr(compiled, "result") else compiled
+    if offline_arch() is not None:
+        build_launcher(compiled)
+        return
     init_handles = getattr(compiled, "_init_handles", None)
     if init_handles is not None:
         init_handles()
@@ -170,8 +174,7 @@ def launch(
     config: dict[str, Any],
     compile_only: bool = False,
 ) -> None:
-    """Launch ``kernel``, or with ``compile_only`` just compile it into Triton's cache (and load it on the
-    GPU, or in a process that compiles offline, ``kernels.offline``, build its launcher).
+    """Launch ``kernel``, or with ``compile_only`` just compile it into Triton's cache (and load it, ``_load``).
 
     Running and compiling share this one call so that the binary a sweep compiles ahead
     of time is exactly the one its launch later finds in the cache. The interpreter has
@@ -187,11 +190,7 @@ def launch(
     if compile_only:
         if current_arch() != INTERPRETER_ARCH:
             with _compiling_with(kernel, environment):
-                compiled = kernel.warmup(*args, grid=grid, **options)
-            if offline_arch() is None:
-                _load(compiled)
-            else:  # no GPU to load it on: what the load would build from C, built here all the same
-                build_launcher(compiled.result() if hasattr(compiled, "result") else compiled)
+                _load(kernel.warmup(*args, grid=grid, **options))
     elif all(grid):
         key = _launch_key(kernel, args, options, environment) if CACHE_COMPILED else None
         try:

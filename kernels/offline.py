@@ -45,8 +45,7 @@ def compile_for(arch: str) -> None:
     if kernels.arch.interpreter_active():
         raise ValueError("TRITON_INTERPRET=1 runs kernels in the interpreter, which compiles nothing: unset it")
     driver.set_active(_OfflineDriver(arch))
-    kernels.arch._offline_arch = arch
-    kernels.arch.current_arch.cache_clear()
+    kernels.arch.set_offline_arch(arch)
 
 
 def build_launcher(compiled: Any) -> bool:
